@@ -1,0 +1,70 @@
+"""Smoke tests in fresh processes: every exported module imports on its own, the CLI answers, notebooks keep their conventions."""
+import json, pkgutil, subprocess, sys
+from pathlib import Path
+
+import pytest
+
+import unsloth_prep
+
+ROOT = Path(__file__).resolve().parents[1]
+MODULES = sorted(m.name for m in pkgutil.iter_modules(unsloth_prep.__path__) if not m.name.startswith("_"))
+
+
+def run(*args, check=True):
+    """Run a command in a fresh process and return it."""
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=600)
+    if check: assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def last_json(proc):
+    """The JSON summary on the last line of a command's output."""
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_imports_in_fresh_process(module):
+    # catches exported code that uses names defined only in unexported notebook cells
+    run(sys.executable, "-c", f"import unsloth_prep.{module}")
+
+
+def test_every_command_module_exists():
+    from unsloth_prep.cli import COMMANDS
+    for name, (module, _) in COMMANDS.items():
+        assert module.rsplit(".", 1)[1] in MODULES, f"{name} routes to missing {module}"
+
+
+def test_help_lists_commands():
+    out = run("unsloth-prep", "--help").stdout
+    for name in ("demo", "tiny-model", "generate"): assert name in out
+
+
+def test_generate_then_bad_input(tmp_path):
+    ok = last_json(run("unsloth-prep", "generate", str(tmp_path / "x.jsonl"), "--n", "25", "--format", "openai"))
+    assert ok["records"] == 25 and ok["peak_rss_mb"] > 0 and ok["seconds"] >= 0
+    assert sum(1 for _ in open(tmp_path / "x.jsonl")) == 25
+    bad = run("unsloth-prep", "generate", str(tmp_path / "y.jsonl"), check=False)
+    assert bad.returncode == 2 and "error" in last_json(bad) and "give n" in bad.stderr
+    unknown = run("unsloth-prep", "frobnicate", check=False)
+    assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+
+
+def test_tiny_model_command(tmp_path):
+    out = last_json(run("unsloth-prep", "tiny-model", str(tmp_path / "tiny")))
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(out["files"])
+
+
+def notebooks():
+    return sorted(p for p in (ROOT / "nbs").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("nb", notebooks(), ids=lambda p: p.name)
+def test_notebook_conventions(nb):
+    cells = json.loads(nb.read_text())["cells"]
+    assert cells[0]["cell_type"] == "markdown" and "".join(cells[0]["source"]).startswith("# "), "title first"
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    colab = next((c for c in code if "google.colab" in c), None)
+    assert colab is not None and code.index(colab) <= 1, "Colab/Kaggle install cell near the top"
+    assert "KAGGLE_KERNEL_RUN_TYPE" in colab and "pip install" in colab
+    size = nb.stat().st_size
+    assert size < 1_500_000, f"{nb.name} is {size:,} bytes: keep figures small"
