@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""Benchmark: JSONL / JSON array -> Parquet, our converter against the usual peers, same files, fresh process each.
+
+    flock /tmp/heavy.lock python tests/bench/bench_convert.py --repeat 2 # 300 MB + 1 GB (pandas needs ~7 GB RAM)
+    python tests/bench/bench_convert.py --small                          # 20 MB files, a minute
+
+Files (generated Alpaca JSONL, Chinese + English, long-tailed, a few 200k-character records):
+  malformed: 0.1% malformed lines (every kind the fixtures make); clean: none; array: the clean records as a JSON array.
+Prints one markdown table per file, then the target checks, then everything as one JSON line.
+"""
+import argparse, json, os, shutil, sys, time
+from pathlib import Path
+from unsloth_prep.convert import benchmark_converters, format_table
+from unsloth_prep.fixtures import write_records
+
+ALL = ["pandas", "datasets", "pyarrow.json", "polars", "duckdb", "duckdb ignore_errors", "seed loop", "ours"]
+ARRAY_PEERS = ["duckdb", "polars", "ours"]
+
+
+def make(path, size_mb, malformed, layout="jsonl"):
+    "Generate one input file (cached by name) and return the write_records info."
+    meta = Path(str(path) + ".info.json")
+    if path.exists() and meta.exists(): return json.loads(meta.read_text())
+    info = write_records(path, size_mb=size_mb, malformed_rate=malformed, huge_every=100_000, layout=layout, seed=11)
+    info.pop("malformed_lines", None)
+    meta.write_text(json.dumps(info))
+    return info
+
+
+def run(name, path, info, methods, work, array=False, repeat=1):
+    "Benchmark one file and print its table."
+    good = info["records"]
+    t = time.time()
+    rows = benchmark_converters(path, work / name, methods=methods, good_rows=good, bad_lines=info.get("malformed", 0), array=array, repeat=repeat)
+    size = Path(path).stat().st_size / 1e6
+    print(f"\n### {name}: {size:,.0f} MB, {info['lines'] if 'lines' in info else good:,} lines, {info.get('malformed', 0)} malformed "
+          f"({time.time() - t:.0f} s for the table)\n")
+    print(format_table(rows), flush=True)
+    return {"file": name, "mb": size, "records": good, "malformed": info.get("malformed", 0), "results": rows}
+
+
+def best(results, method):
+    "The result row of a method, or None."
+    return next((r for r in results["results"] if r["method"] == method and r["status"] == "ok"), None)
+
+
+def checks(out):
+    "The issue's targets, evaluated on this run."
+    lines, by = [], {o["file"]: o for o in out}
+    clean = [k for k in by if k.startswith("clean")]
+    big = max(clean, key=lambda k: by[k]["mb"]) if clean else None
+    if big:
+        ours = best(by[big], "ours"); peers = [r for r in by[big]["results"] if r["status"] == "ok" and r["method"] != "ours"]
+        if ours and peers:
+            fastest = max(peers, key=lambda r: r["mb_per_s"])
+            lines.append(f"clean {big}: ours {ours['mb_per_s']:.0f} MB/s at {ours['peak_mb']:.0f} MB; fastest peer {fastest['method']} "
+                         f"{fastest['mb_per_s']:.0f} MB/s at {fastest['peak_mb']:.0f} MB -> {ours['mb_per_s'] / fastest['mb_per_s']:.2f}x "
+                         f"(target >= 0.90x), RSS {'<=' if ours['peak_mb'] <= fastest['peak_mb'] else '>'} peer's")
+            if ours.get("cpu_s") and fastest.get("cpu_s"):
+                lines.append(f"  CPU seconds (all threads): ours {ours['cpu_s']:.1f}, {fastest['method']} {fastest['cpu_s']:.1f}")
+            for m in ("polars", "duckdb", "datasets"):
+                r = best(by[big], m)
+                if r: lines.append(f"  ours / {m}: {ours['mb_per_s'] / r['mb_per_s']:.2f}x (target >= 1.5x)")
+    for k in by:
+        if k.startswith("malformed"):
+            twin = "clean" + k[len("malformed"):]
+            a, b = best(by[k], "ours"), best(by.get(twin, {"results": []}), "ours")
+            if a and b:
+                lines.append(f"{k}: ours {a['mb_per_s']:.0f} MB/s vs clean {b['mb_per_s']:.0f} MB/s -> {a['mb_per_s'] / b['mb_per_s']:.2f}x (target >= 0.85x)"
+                             + (f"; CPU s {a['cpu_s']:.1f} vs {b['cpu_s']:.1f} -> {b['cpu_s'] / a['cpu_s']:.2f}x" if a.get("cpu_s") and b.get("cpu_s") else ""))
+    peaks = {k: best(by[k], "ours")["peak_mb"] for k in by if best(by[k], "ours")}
+    if peaks:
+        lines.append("ours peak RSS per file (MB): " + ", ".join(f"{k} {v:.0f}" for k, v in peaks.items()) +
+                     f"; max/min {max(peaks.values()) / min(peaks.values()):.2f} (target <= 1.25), max {max(peaks.values()):.0f} (target < 256)")
+    return lines
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="20 MB files (notebook-sized)")
+    ap.add_argument("--sizes", default="300,1024", help="MB sizes of the JSONL files (default 300,1024)")
+    ap.add_argument("--dir", default="/tmp/convert/bench", help="where the generated files and outputs go")
+    ap.add_argument("--keep", action="store_true", help="keep the generated inputs")
+    ap.add_argument("--only", default=None, help="comma-separated methods")
+    ap.add_argument("--skip", default="", help="comma-separated file kinds to skip: clean,malformed,array")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds per file (round-robin over methods; best time kept)")
+    a = ap.parse_args()
+    work = Path(a.dir); work.mkdir(parents=True, exist_ok=True)
+    sizes = [20] if a.small else [int(s) for s in a.sizes.split(",")]
+    methods = a.only.split(",") if a.only else ALL
+    skip, out = set(a.skip.split(",")), []
+    for mb in sizes:
+        tag = f"{mb}MB" if mb < 1024 else f"{mb // 1024}GB"
+        if "malformed" not in skip:
+            p = work / f"malformed_{tag}.jsonl"; info = make(p, mb, 0.001)
+            out.append(run(f"malformed_{tag}", p, info, methods, work, repeat=a.repeat))
+        if "clean" not in skip:
+            p = work / f"clean_{tag}.jsonl"; info = make(p, mb, 0.0)
+            out.append(run(f"clean_{tag}", p, info, methods, work, repeat=a.repeat))
+    if "array" not in skip:
+        mb = sizes[-1]; tag = f"{mb}MB" if mb < 1024 else f"{mb // 1024}GB"
+        p = work / f"array_{tag}.json"; info = make(p, mb, 0.0, layout="json_array")
+        out.append(run(f"array_{tag}", p, info, [m for m in methods if m in ARRAY_PEERS], work, array=True, repeat=a.repeat))
+    print("\n### targets\n")
+    for line in checks(out): print(line)
+    print(f"\nTimings on a shared 2-core machine that other jobs were using; best of {a.repeat} round(s) per method.")
+    print(json.dumps(out, default=str))
+    if not a.keep:
+        for p in work.glob("*.json*"): p.unlink()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""`unsloth-prep convert` in fresh processes: the line invariant, rejects, strict mode, shards, JSON arrays,
+schema drift, atomic output under kill -9, and flat peak memory on larger generated files."""
+import json, signal, subprocess, sys, time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from unsloth_prep.fixtures import write_records
+
+
+def cli(*args, check=True):
+    "Run `unsloth-prep convert ...` in a fresh process; return (returncode, summary dict or None, stdout+stderr)."
+    out = subprocess.run(["unsloth-prep", "convert", *map(str, args), "--no-progress"], capture_output=True, text=True)
+    lines = out.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if out.returncode == 0 and lines else None
+    if check: assert out.returncode == 0, out.stdout + out.stderr
+    return out.returncode, summary, out.stdout + out.stderr
+
+
+def test_invariant_and_rejects(tmp_path):
+    info = write_records(tmp_path / "in.jsonl", n=4000, malformed_rate=0.01, blank_rate=0.01, huge_every=1500, seed=5)
+    _, s, _ = cli(tmp_path / "in.jsonl", tmp_path / "out.parquet", "--block-mb", "0.5")
+    assert s["lines"] == s["rows"] + s["rejected"] + s["blank"] == info["lines"]
+    assert (s["rows"], s["rejected"], s["blank"]) == (info["records"], info["malformed"], info["blank"])
+    assert {"rows", "rejected", "blank", "seconds", "mb_per_s", "peak_rss_mb", "output"} <= set(s)
+    rejects = [json.loads(l) for l in open(s["rejects"])]
+    assert [r["line"] for r in rejects] == info["malformed_lines"]
+    assert all(r["error"] and r["raw"] is not None for r in rejects)
+    assert Path(s["rejects"]) == tmp_path / "out.rejects.jsonl"
+    assert pq.ParquetFile(s["output"]).metadata.num_rows == info["records"]
+
+
+def test_strict_names_file_and_line(tmp_path):
+    info = write_records(tmp_path / "in.jsonl", n=300, malformed_rate=0.02, seed=6)
+    rc, _, text = cli(tmp_path / "in.jsonl", tmp_path / "out.parquet", "--strict", check=False)
+    assert rc == 2
+    assert f"in.jsonl: line {info['malformed_lines'][0]}:" in text
+    assert not (tmp_path / "out.parquet").exists()
+    assert not list(tmp_path.glob(".out.parquet.partial-*"))
+
+
+def test_null_first_line_does_not_crash(tmp_path):
+    # pyarrow 26 segfaults on a block that starts with `null`; the converter never hands it such bytes
+    p = tmp_path / "in.jsonl"
+    p.write_text('null\n{"a": 1}\n{"a": 2}{"a": 3}\n\n{"a": 4}\n')
+    _, s, _ = cli(p, tmp_path / "out.parquet")
+    assert (s["rows"], s["rejected"], s["blank"]) == (2, 2, 1)
+    assert pq.read_table(s["output"])["a"].to_pylist() == [1, 4]
+
+
+def test_shards_and_existing_output(tmp_path):
+    info = write_records(tmp_path / "in.jsonl", n=2500, seed=7)
+    _, s, _ = cli(tmp_path / "in.jsonl", tmp_path / "out", "--rows-per-file", "1000", "--compression", "snappy")
+    assert [pq.ParquetFile(f).metadata.num_rows for f in s["files"]] == [1000, 1000, 500]
+    assert pq.ParquetFile(s["files"][0]).metadata.row_group(0).column(0).compression == "SNAPPY"
+    rc, _, text = cli(tmp_path / "in.jsonl", tmp_path / "out", check=False)
+    assert rc == 2 and "exists" in text
+    _, s, _ = cli(tmp_path / "in.jsonl", tmp_path / "out", "--overwrite", "--batch-rows", "1000")
+    assert pq.ParquetFile(s["output"]).metadata.num_row_groups == 3
+
+
+def test_schema_drift_is_counted_not_nulled(tmp_path):
+    p = tmp_path / "in.jsonl"
+    rows = [{"id": i, "tags": "a"} for i in range(2000)] + [{"id": f"x{i}", "tags": ["a", "b"], "late": True} for i in range(2000)]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _, s, _ = cli(p, tmp_path / "out.parquet", "--block-mb", "0.02")
+    t = pq.read_table(s["output"])
+    assert s["coerced"] == {"id": 2000, "tags": 2000}
+    assert t["id"].null_count == 0 and t["tags"].null_count == 0
+    assert t["id"].to_pylist()[:2] == ["0", "1"] and t["tags"].to_pylist()[-1] == '["a","b"]'
+    assert t["late"].to_pylist()[0] is None and t["late"].to_pylist()[-1] is True
+
+
+def test_json_array(tmp_path):
+    info = write_records(tmp_path / "in.json", n=1500, layout="json_array", pretty=True, huge_every=700, seed=8)
+    _, s, _ = cli(tmp_path / "in.json", tmp_path / "out.parquet", "--block-mb", "0.3")
+    assert (s["format"], s["rows"], s["rejected"]) == ("json_array", info["records"], 0)
+    p = tmp_path / "bad.json"
+    p.write_text('[{"a": 1}, {"a": 2},')
+    rc, _, text = cli(p, tmp_path / "bad.parquet", check=False)
+    assert rc == 2 and "not closed" in text and not (tmp_path / "bad.parquet").exists()
+
+
+def test_kill_9_leaves_no_output(tmp_path):
+    write_records(tmp_path / "in.jsonl", size_mb=40, seed=9)
+    proc = subprocess.Popen(["unsloth-prep", "convert", str(tmp_path / "in.jsonl"), str(tmp_path / "out.parquet"), "--no-progress"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list(tmp_path.glob(".out.parquet.partial-*/out/*.parquet")): time.sleep(0.01)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL); proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the converter finished before it could be killed"
+    assert not (tmp_path / "out.parquet").exists()
+    assert not [p for p in tmp_path.glob("*.parquet")]
+
+
+def _peak(src, dst):
+    "Peak RSS (MB) of one CLI conversion."
+    _, s, _ = cli(src, dst)
+    return s["peak_rss_mb"], s
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "json_array"])
+def test_peak_rss_flat_in_input_size(tmp_path, layout):
+    ext = "jsonl" if layout == "jsonl" else "json"
+    small = write_records(tmp_path / f"s.{ext}", size_mb=16, layout=layout, huge_every=5000, seed=10)
+    big = write_records(tmp_path / f"b.{ext}", size_mb=64, layout=layout, huge_every=5000, seed=10)
+    p_small, _ = _peak(tmp_path / f"s.{ext}", tmp_path / "s.parquet")
+    p_big, s = _peak(tmp_path / f"b.{ext}", tmp_path / "b.parquet")
+    assert s["rows"] == big["records"]
+    assert p_big < 256, p_big
+    assert p_big <= 1.25 * p_small, (p_small, p_big)
