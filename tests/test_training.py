@@ -1,0 +1,96 @@
+"Training: the `unsloth-prep train` command in a fresh process, config errors, streaming and pre-packed data."
+import json, os, shutil, subprocess, sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("unsloth")
+
+
+def _run_cli(*args, timeout=600):
+    "Run `unsloth-prep ...` in a fresh process; return (exit code, last JSON line as dict, stderr)."
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    exe = shutil.which("unsloth-prep")
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from unsloth_prep.cli import main; sys.exit(main())"]
+    p = subprocess.run([*cmd, *map(str, args)], capture_output=True, text=True,
+                       timeout=timeout, env=env)
+    lines = [l for l in p.stdout.splitlines() if l.startswith("{")]
+    assert lines, f"no JSON line; stdout tail: {p.stdout[-2000:]}\nstderr tail: {p.stderr[-2000:]}"
+    return p.returncode, json.loads(lines[-1]), p.stderr
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    "A small prepared Parquet (and its packed twin) from generated conversations and the tiny model's tokenizer."
+    from unsloth_prep.collators import pack_parquet
+    from unsloth_prep.fixtures import iter_records, tiny_model
+    from unsloth_prep.tokenization import load_tokenizer, prepare
+    d = tmp_path_factory.mktemp("train")
+    model = str(tiny_model())
+    s = prepare(iter_records(96, "openai", seed=3), load_tokenizer(model), d / "prepared.parquet", max_seq_length=256)
+    pack_parquet(d / "prepared.parquet", d / "packed.parquet", 256)
+    return {"dir": d, "model": model, "parquet": Path(s["out"]), "packed": d / "packed.parquet"}
+
+
+def _config(prepared, **kw):
+    cfg = {"data": {"path": "prepared.parquet"}, "model": {"name": prepared["model"], "cpu_threads": 1},
+           "max_seq_length": 256, "packing": False, "lora": {"r": 8, "alpha": 16, "modules_to_save": ["lm_head"]},
+           "trainer": {"max_steps": 4, "learning_rate": 5e-3, "per_device_train_batch_size": 2, "warmup_steps": 0},
+           "output_dir": "run", "generate": {"prompt": "hello", "max_new_tokens": 4}}
+    for k, v in kw.items(): cfg[k] = v
+    return cfg
+
+
+def test_cli_train(prepared):
+    d = prepared["dir"]
+    (d / "train.yaml").write_text(yaml.safe_dump(_config(prepared)))
+    code, s, err = _run_cli("train", d / "train.yaml", "--set", "trainer.max_steps=6", "--set", "packing=true")
+    assert code == 0, err[-3000:]
+    for k in ("first_loss", "final_loss", "steps", "seconds", "tokens_per_s", "report", "peak_rss_mb", "adapter"):
+        assert k in s, k
+    assert s["steps"] == 6 and s["packed"] is True and s["tokens_per_s"] > 0 and s["peak_rss_mb"] > 100
+    assert s["final_loss"] < s["first_loss"]
+    report = json.loads(Path(s["report"]).read_text())
+    assert Path(s["report"]).parent == d / "run" and Path(s["report_png"]).exists()
+    assert len(report["loss_curve"]) == 6 and report["tokens"] > 0 and isinstance(s["generated"], str)
+    assert (Path(s["adapter"]) / "adapter_config.json").exists() and (Path(s["adapter"]) / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"lora": {"rank": 8}}, ("unknown key 'lora.rank'", "did you mean 'lora.r'?")),
+    ({"model": {"cpu_threads": 1}}, ("missing required key 'model.name'",)),
+    ({"trainer": {"max_step": 3}}, ("unknown key 'trainer.max_step' (not an SFTConfig argument)", "did you mean 'trainer.max_steps'?")),
+    ({"data": {"path": "nope/*.parquet"}}, ("nope/*.parquet: no prepared Parquet file found",)),
+])
+def test_cli_config_errors(prepared, bad, needle):
+    d = prepared["dir"]
+    cfg = _config(prepared)
+    for k, v in bad.items(): cfg[k] = v
+    (d / "bad.yaml").write_text(yaml.safe_dump(cfg))
+    code, s, err = _run_cli("train", d / "bad.yaml", timeout=300)
+    assert code == 2, (code, s)
+    assert str(d / "bad.yaml") in s["error"] or "nope" in s["error"], s
+    assert all(n in s["error"] and n in err for n in needle), (s, err[-2000:])
+
+
+def test_streaming_and_prepacked(prepared):
+    import unsloth  # noqa: F401  (before transformers/trl)
+    from unsloth_prep.training import load_config, train
+    d = prepared["dir"]
+    # streaming: an IterableDataset, packed on the fly, length unknown -> max_steps drives the run
+    cfg = load_config(_config(prepared, data={"path": str(prepared["parquet"]), "streaming": True}, packing=True,
+                              output_dir=str(d / "stream"), generate=None))
+    s = train(cfg)
+    assert s["steps"] == 4 and s["packed"] is True and s["tokens"] > 0
+    with pytest.raises(ValueError, match="streaming data needs 'trainer.max_steps' > 0"):
+        train(load_config(_config(prepared, data={"path": str(prepared["parquet"]), "streaming": True},
+                                  trainer={"max_steps": -1, "num_train_epochs": 1}, output_dir=str(d / "x"))))
+    # rows already packed by `collators.pack_parquet` are detected (packing: false in the config)
+    # ... and a named Unsloth chat template is applied to the tokenizer saved with the adapter
+    s2 = train(load_config(_config(prepared, data={"path": str(prepared["packed"])}, output_dir=str(d / "prepacked"),
+                                   template="chatml", generate=None)))
+    assert s2["packed"] is True and s2["steps"] == 4
+    saved = json.loads((Path(s2["adapter"]) / "tokenizer_config.json").read_text())
+    tmpl = saved.get("chat_template") or (Path(s2["adapter"]) / "chat_template.jinja").read_text()
+    assert "<|im_start|>" in tmpl
