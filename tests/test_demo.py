@@ -16,7 +16,7 @@ def test_demo_end_to_end(tmp_path):
         assert stage["peak_rss_mb"] > 0 and stage["seconds"] >= 0, name
         assert (out / "logs" / f"{name}.log").exists()
     assert list(summary["stages"]) == ["generate", "tiny-model", "inspect", "doctor", "convert", "stats", "prepare",
-                                       "pack", "plan", "train"]
+                                       "plan", "train"]
     assert summary["steps"] == 30 and summary["final_loss"] < 0.9 * summary["first_loss"], "loss must fall clearly"
     assert Path(summary["artefacts"]["adapter"]).exists() and Path(summary["artefacts"]["packed"]).exists()
     assert summary["seconds"] < 300, "the demo must stay under 5 minutes on this machine"
