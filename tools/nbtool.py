@@ -6,9 +6,10 @@
   python tools/nbtool.py run nbs/03_convert.ipynb                  # execute in place, keep outputs, nbdev_clean
 
 Text format: a line `# %% [md]` starts a markdown cell (raw markdown follows),
-a line `# %%` starts a code cell. Outputs of unchanged code cells are kept by py2nb.
+a line `# %%` starts a code cell. py2nb keeps the id (and outputs) of every unchanged cell and gives new cells a
+fresh id, so the cell ids nbdev_export writes into the modules stay stable.
 """
-import json, subprocess, sys
+import json, subprocess, sys, uuid
 from pathlib import Path
 
 MD, CODE = "# %% [md]", "# %%"
@@ -32,11 +33,15 @@ def py2nb(src, dst):
     old = {}
     if Path(dst).exists():
         for c in json.loads(Path(dst).read_text())["cells"]:
-            if c["cell_type"] == "code": old["".join(c["source"])] = c.get("outputs", [])
-    cells = []
+            old.setdefault((c["cell_type"], "".join(c["source"])), c)
+    cells, used = [], set()
     for kind, source in parse_cells(Path(src).read_text()):
-        cell = {"cell_type": kind, "metadata": {}, "source": source.splitlines(keepends=True)}
-        if kind == "code": cell.update(execution_count=None, outputs=old.get(source, []))
+        prev = old.get((kind, source), {})
+        cid = prev.get("id") if prev.get("id") not in used else None
+        cid = cid or uuid.uuid4().hex[:8]  # stable ids: nbdev_export writes them into the modules
+        used.add(cid)
+        cell = {"cell_type": kind, "id": cid, "metadata": {}, "source": source.splitlines(keepends=True)}
+        if kind == "code": cell.update(execution_count=None, outputs=prev.get("outputs", []))
         cells.append(cell)
     nb = {"cells": cells, "metadata": {"kernelspec": {"display_name": "python3", "language": "python", "name": "python3"}},
           "nbformat": 4, "nbformat_minor": 5}
