@@ -30,6 +30,10 @@ def test_plan_stats_file_and_config_folder(tmp_path):
     _, out = plan("--model", str(tiny_model()), "--gpu", "24GB", "--stats", str(stats), "--lora-rank", "8")
     assert out["from_pretrained"]["max_seq_length"] == 960 and out["get_peft_model"]["r"] == 8
     assert out["sft_config"]["bf16"] is False  # size-only GPU: bf16 unknown
+    # a saved stats object, pretty-printed over many lines, works as well
+    stats.write_text(json.dumps({"p50": 200, "p95": 700, "p99": 900, "max": 1000, "suggested_max_seq_length": 704}, indent=2))
+    _, out = plan("--model", str(tiny_model()), "--gpu", "24GB", "--stats", str(stats))
+    assert out["from_pretrained"]["max_seq_length"] == 704
 
 
 def test_plan_config_json_path(tmp_path):

@@ -718,7 +718,7 @@ def measure_cpu_steps(model_path, seq_lens=(512, 1024, 2048), modes=(False, True
                          "peak_mb": round(r.peak_mb, 1), "baseline_mb": round(r.value["baseline_mb"], 1)})
     return rows
 
-# %% ../nbs/06_oom.ipynb #44379537
+# %% ../nbs/06_oom.ipynb #fe0c9f25
 def plan_args(p):
     "Arguments of `unsloth-prep plan`."
     p.add_argument("--model", required=True, help="folder with config.json, a config.json path, a built-in name "
@@ -738,9 +738,12 @@ def _stats_from_args(args) -> dict | None:
     if args.stats:
         p = Path(args.stats)
         if not p.exists(): raise FileNotFoundError(f"{p}: no such stats file")
-        lines = [l for l in p.read_text().splitlines() if l.strip()]
-        try: st = json.loads(lines[-1]) if lines else None
-        except json.JSONDecodeError as e: raise ValueError(f"{p}: line {len(lines)}: not valid JSON ({e.msg})") from None
+        text = p.read_text()
+        lines = [l for l in text.splitlines() if l.strip()]
+        try: st = json.loads(text)  # a saved JSON object, pretty-printed or not
+        except json.JSONDecodeError:
+            try: st = json.loads(lines[-1]) if lines else None  # or captured `unsloth-prep stats` output: its last line
+            except json.JSONDecodeError as e: raise ValueError(f"{p}: line {len(lines)}: not valid JSON ({e.msg})") from None
         if not isinstance(st, dict) or not any(k in st for k in ("suggested_max_seq_length", "p95", "p99", "max")):
             raise ValueError(f"{p}: field suggested_max_seq_length/p95 missing: not the output of `unsloth-prep stats`")
         return st
