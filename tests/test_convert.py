@@ -83,12 +83,13 @@ def test_json_array(tmp_path):
 
 
 def test_kill_9_leaves_no_output(tmp_path):
-    write_records(tmp_path / "in.jsonl", size_mb=40, seed=9)
+    # big enough that a quiet machine is still writing when the first part appears; killed at that moment
+    write_records(tmp_path / "in.jsonl", size_mb=150, seed=9)
     proc = subprocess.Popen(["unsloth-prep", "convert", str(tmp_path / "in.jsonl"), str(tmp_path / "out.parquet"), "--no-progress"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not list(tmp_path.glob(".out.parquet.partial-*/out/*.parquet")): time.sleep(0.01)
-    time.sleep(0.2)
+    while time.time() < deadline and proc.poll() is None and not list(tmp_path.glob(".out.parquet.partial-*/out/*.parquet")):
+        time.sleep(0.002)
     proc.send_signal(signal.SIGKILL); proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the converter finished before it could be killed"
     assert not (tmp_path / "out.parquet").exists()
