@@ -247,3 +247,12 @@ def test_folder_of_files_names_file_and_line(tmp_path):
     write_jsonl(tmp_path / "d" / "b.jsonl", list(iter_records(5, seed=61)) + ["{broken"])
     rep = doctor(tmp_path / "d")
     assert rep.codes == ["malformed_line"] and rep.findings["malformed_line"].examples == ["b.jsonl:6"] and rep.checked == 25
+
+
+def test_huge_records_are_named(tmp_path):
+    # records over HUGE_CHARS are what gets a `map(num_proc=N)` worker OOM-killed; doctor names their lines
+    path = tmp_path / "huge.jsonl"
+    write_records(path, n=120, fmt="sharegpt", huge_every=40, seed=3)
+    rep = doctor(path)
+    assert rep.codes == ["huge_record"] and rep.findings["huge_record"].count == 3
+    assert rep.findings["huge_record"].examples == [40, 80, 120] and not rep.errors

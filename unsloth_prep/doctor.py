@@ -16,12 +16,14 @@ from .loading import (UNIT, Rejects, detect_format, iter_file, normalize_record,
                                   resolve_files)
 
 # %% auto #0
-__all__ = ['CHECKS', 'REQUIRED_FIELDS', 'SYNONYMS', 'MARKER_RE', 'PROBE', 'PAD_CANDIDATES', 'VERIFY_CODES', 'Finding', 'Report',
-           'suggest_mapping', 'mapping_fix', 'check_tokenizer', 'fix_pad_token', 'open_tokenizer', 'iter_located',
-           'DupFinder', 'TokenChecks', 'check_records', 'check_tokenized', 'fit_inputs', 'check_config', 'doctor',
-           'write_clean', 'doctor_args', 'doctor_main']
+__all__ = ['HUGE_CHARS', 'CHECKS', 'REQUIRED_FIELDS', 'SYNONYMS', 'MARKER_RE', 'PROBE', 'PAD_CANDIDATES', 'VERIFY_CODES',
+           'Finding', 'Report', 'suggest_mapping', 'mapping_fix', 'check_tokenizer', 'fix_pad_token', 'open_tokenizer',
+           'iter_located', 'DupFinder', 'TokenChecks', 'check_records', 'check_tokenized', 'fit_inputs', 'check_config',
+           'doctor', 'write_clean', 'doctor_args', 'doctor_main']
 
-# %% ../nbs/08_doctor.ipynb #a68e7a30
+# %% ../nbs/08_doctor.ipynb #fa8831ec
+HUGE_CHARS = 100_000  # a record this long costs tens of MB per tokenizer call; the fixtures' "huge" records are 200k
+
 CHECKS = {  # code: (severity, what goes wrong, the fix)
     "no_records": ("error", "the data holds no record at all", "check the path/glob and the file contents"),
     "unreadable_file": ("error", "the file cannot be read past this point",
@@ -64,6 +66,10 @@ CHECKS = {  # code: (severity, what goes wrong, the fix)
                        "mask the prompt: `tokenize_conversation(rec, tok, train_on='all-assistant')` (`unsloth-prep prepare`)"),
     "config_does_not_fit": ("error", "the config's estimated GPU memory exceeds the named GPU: CUDA out of memory",
                             "use the settings of `recommend(model, gpu)` (`unsloth-prep plan`)"),
+    "huge_record": ("warning", f"records of over {HUGE_CHARS:,} characters: tokenizing one holds all of its tokens at once, and in "
+                    "`map(num_proc=N)` such records are what gets a worker killed (\"One of the subprocesses has abruptly died\")",
+                    "tokenize with character pre-truncation: `tokenize_dataset(ds, tok, max_seq_length=N, chars_per_token=8)` "
+                    "(`unsloth-prep prepare --max-seq-length N`); keep `num_proc` at most the CPU cores, with a smaller `batch_size`"),
 }
 
 # %% ../nbs/08_doctor.ipynb #08a43db7
@@ -345,7 +351,7 @@ class TokenChecks:
                                 f"max {s['max']} tokens, from `length_stats`), or accept the loss: "
                                 "`tokenize_conversation(..., on_overflow='drop')` drops long rows instead of cutting them")
 
-# %% ../nbs/08_doctor.ipynb #4544768e
+# %% ../nbs/08_doctor.ipynb #f085a64a
 def _missing(rec: dict, fmt: str, mapping: dict) -> list:
     "Required fields of `fmt` that `rec` lacks (after the mapping)."
     need = REQUIRED_FIELDS[fmt]
@@ -356,6 +362,11 @@ def _assistant_texts(conv: dict) -> list:
     "Contents of the assistant turns of a converted record (both sides of a preference pair)."
     msgs = conv.get("messages") or ((conv.get("chosen") or []) + (conv.get("rejected") or []))
     return [str(m.get("content") or "") for m in msgs if m.get("role") == "assistant"]
+
+def _char_count(conv: dict) -> int:
+    "Characters of a normalised record's text (all message contents, or the text field)."
+    if "text" in conv: return len(conv["text"] or "")
+    return sum(len(m.get("content") or "") for m in conv.get("messages", []) if isinstance(m.get("content"), str))
 
 def check_records(stream, head: list, report: Report, fmt: str = "auto", mapping: dict | None = None,
                   tokens: TokenChecks | None = None, dups: DupFinder | None = None):
@@ -390,6 +401,8 @@ def check_records(stream, head: list, report: Report, fmt: str = "auto", mapping
             report.add("invalid_record", where, detail=str(e))
             continue
         if dups: dups.add(conv, key, where)
+        chars = _char_count(conv)
+        if chars > HUGE_CHARS: report.add("huge_record", where, detail=f"{chars:,} characters")
         texts = _assistant_texts(conv)
         if "text" in conv:
             if not conv["text"].strip(): report.add("empty_response", where, detail="empty text")
