@@ -5,21 +5,10 @@ from pathlib import Path
 import pytest
 
 import unsloth_prep
+from clitools import last_json, run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted(m.name for m in pkgutil.iter_modules(unsloth_prep.__path__) if not m.name.startswith("_"))
-
-
-def run(*args, check=True):
-    """Run a command in a fresh process and return it."""
-    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=600)
-    if check: assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def last_json(proc):
-    """The JSON summary on the last line of a command's output."""
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("module", MODULES)

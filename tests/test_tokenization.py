@@ -8,18 +8,7 @@ import pytest
 from unsloth_prep.fixtures import iter_records, tiny_model, write_records
 from unsloth_prep.tokenization import (TokenizeCounts, length_stats, load_tokenizer, tokenize_conversation,
                                        tokenize_dataset, verify_labels)
-
-
-def run(*args, check=True):
-    """Run a command in a fresh process."""
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=900)
-    if check: assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc
-
-
-def last_json(proc):
-    """The JSON summary on the last line of a command's output."""
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+from clitools import last_json, run
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,14 @@
+"""Shared by the tests: run a command in a fresh process and read the JSON summary every `unsloth-prep` command prints last."""
+import json, subprocess
+
+
+def run(*args, check=True, timeout=900):
+    """Run a command in a fresh process and return it (asserting exit code 0 unless check=False)."""
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout)
+    if check: assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def last_json(proc):
+    """The JSON summary on the last line of a command's output."""
+    return json.loads(proc.stdout.strip().splitlines()[-1])
