@@ -55,5 +55,9 @@ def test_notebook_conventions(nb):
     colab = next((c for c in code if "google.colab" in c), None)
     assert colab is not None and code.index(colab) <= 1, "Colab/Kaggle install cell near the top"
     assert "KAGGLE_KERNEL_RUN_TYPE" in colab and "pip install" in colab
+    for c in cells:  # prose written as `# ` comments renders as a wall of headings
+        lines = [l for l in "".join(c["source"]).splitlines() if l.strip()]
+        if c["cell_type"] == "markdown" and len(lines) > 1:
+            assert not all(l.startswith("# ") or l.strip() == "#" for l in lines), f"commented-out markdown: {lines[0][:60]}"
     size = nb.stat().st_size
     assert size < 1_500_000, f"{nb.name} is {size:,} bytes: keep figures small"
