@@ -46,6 +46,7 @@ setuptools.setup(
         "train": reqs("train_requirements"),
         "dev": reqs("dev_requirements"),
         "bench": reqs("bench_requirements"),
+        "ray": reqs("ray_requirements"),
     },
     entry_points={"console_scripts": cfg["console_scripts"].split()},
     zip_safe=False,
