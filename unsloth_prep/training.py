@@ -13,8 +13,9 @@ __all__ = ['TOKEN_COLUMNS', 'import_stack', 'hardware', 'resolve_settings', 'oom
            'load_prepared', 'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'build_trainer',
            'loss_curve', 'plot_report', 'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
 
-# %% ../nbs/07_training.ipynb #f9cc85fa
+# %% ../nbs/07_training.ipynb #c492a628
 from .config import LORA_TARGETS, REQUIRED, SCHEMA, TRAINER_DEFAULTS, load_config, set_key
+from .checks import prerun_check  # the registry's config checks, run by `train` before loading
 
 # %% ../nbs/07_training.ipynb #8f0c6bc4
 def import_stack():
@@ -374,7 +375,7 @@ def _free_cuda():
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available(): torch.cuda.empty_cache()
 
-# %% ../nbs/07_training.ipynb #132a719e
+# %% ../nbs/07_training.ipynb #2a1df098
 def train_args(parser):
     "Arguments of `unsloth-prep train CONFIG.yaml`."
     parser.add_argument("config", help="YAML config: data, model, template, max_seq_length, packing, lora, trainer")
@@ -393,6 +394,7 @@ def train_main(args) -> dict:
         k, v = kv.split("=", 1); overrides[k.strip()] = yaml.safe_load(v)
     if args.output_dir: overrides["output_dir"] = os.path.abspath(args.output_dir)
     cfg = load_config(args.config, overrides)
+    prerun_check(cfg)
     s = train(cfg)
     f = lambda x: "n/a" if x is None else f"{x:.3f}"
     print(f"loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps, {s['tokens_per_s']} tokens/s, "
