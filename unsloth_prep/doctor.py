@@ -18,11 +18,13 @@ from .checks import CHECKS, HUGE_CHARS, Context, Finding, run_checks
 from .config import load_config
 
 # %% auto #0
-__all__ = ['REQUIRED_FIELDS', 'SYNONYMS', 'PAD_CANDIDATES', 'VERIFY_CODES', 'Report', 'suggest_mapping', 'mapping_fix',
-           'check_tokenizer', 'fix_pad_token', 'open_tokenizer', 'iter_located', 'DupFinder', 'TokenChecks',
-           'check_records', 'check_tokenized', 'check_config', 'doctor', 'write_clean', 'doctor_args', 'doctor_main']
+__all__ = ['PAD_CANDIDATES', 'VERIFY_CODES', 'Report', 'suggest_mapping', 'mapping_fix', 'check_tokenizer', 'fix_pad_token',
+           'open_tokenizer', 'iter_located', 'DupFinder', 'TokenChecks', 'check_records', 'check_tokenized',
+           'check_config', 'doctor', 'write_clean', 'doctor_args', 'doctor_main']
 
-# %% ../nbs/08_doctor.ipynb #d9ae0179
+# %% ../nbs/08_doctor.ipynb #eb8fd797
+from fastcore.basics import patch
+
 class Report:
     "What `doctor` found: findings by code, how much was checked, and facts about the data (format, lengths)."
     def __init__(self, source: str = ""):
@@ -61,31 +63,36 @@ class Report:
         "Number of findings with severity warning."
         return sum(f.severity == "warning" for f in self.findings.values())
 
-    def as_dict(self) -> dict:
-        "Summary: errors, warnings, codes, findings (with fixes), rows checked and facts."
-        order = sorted(self.findings.values(), key=lambda f: (f.severity != "error", f.code))
-        return {"errors": self.errors, "warnings": self.warnings, "codes": self.codes, "checked": self.checked,
-                "findings": [f.as_dict() for f in order], **self.info}
-
-    def text(self) -> str:
-        "Human-readable report, errors first."
-        unit = self.info.get("unit", "record")
-        head = f"doctor: {self.source}: {self.checked:,} {unit}s checked, {self.errors} errors, {self.warnings} warnings"
-        lines = [head]
-        for f in sorted(self.findings.values(), key=lambda f: (f.severity != "error", f.code)):
-            ex = f" (e.g. {unit} {', '.join(map(str, f.examples))})" if f.examples and isinstance(f.examples[0], int) else \
-                 (f" ({', '.join(map(str, f.examples))})" if f.examples else "")
-            lines.append(f"{f.severity.upper():7} {f.code}: {f.count:,}{ex}: {f.message}")
-            if f.detail: lines.append(f"        detail: {f.detail}")
-            lines.append(f"        fix: {f.fix}")
-        if not self.findings: lines.append("no problems found")
-        return "\n".join(lines)
-
     def __repr__(self): return self.text()
 
-# %% ../nbs/08_doctor.ipynb #97cea7ef
+# %% ../nbs/08_doctor.ipynb #e4a7c6af
+@patch
+def as_dict(self: Report) -> dict:
+    "Summary: errors, warnings, codes, findings (with fixes), rows checked and facts."
+    order = sorted(self.findings.values(), key=lambda f: (f.severity != "error", f.code))
+    return {"errors": self.errors, "warnings": self.warnings, "codes": self.codes, "checked": self.checked,
+            "findings": [f.as_dict() for f in order], **self.info}
+
+# %% ../nbs/08_doctor.ipynb #387fffdb
+@patch
+def text(self: Report) -> str:
+    "Human-readable report, errors first."
+    unit = self.info.get("unit", "record")
+    head = f"doctor: {self.source}: {self.checked:,} {unit}s checked, {self.errors} errors, {self.warnings} warnings"
+    lines = [head]
+    for f in sorted(self.findings.values(), key=lambda f: (f.severity != "error", f.code)):
+        ex = f" (e.g. {unit} {', '.join(map(str, f.examples))})" if f.examples and isinstance(f.examples[0], int) else \
+             (f" ({', '.join(map(str, f.examples))})" if f.examples else "")
+        lines.append(f"{f.severity.upper():7} {f.code}: {f.count:,}{ex}: {f.message}")
+        if f.detail: lines.append(f"        detail: {f.detail}")
+        lines.append(f"        fix: {f.fix}")
+    if not self.findings: lines.append("no problems found")
+    return "\n".join(lines)
+
+# %% ../nbs/08_doctor.ipynb #4841960a
 REQUIRED_FIELDS = {"alpaca": ("instruction", "output"), "sharegpt": ("conversations",), "openai": ("messages",),
                    "preference": ("chosen", "rejected"), "text": ("text",)}
+
 SYNONYMS = {  # canonical alpaca field: column names people use for it, most likely first
     "instruction": ("instruction", "prompt", "question", "query", "problem", "instructions", "input_text", "request", "task", "user"),
     "input": ("input", "context", "inputs"),
@@ -105,6 +112,7 @@ def _pick(field_: str, cols: list, used: set) -> str | None:
     near = difflib.get_close_matches(field_, list(low), n=1, cutoff=0.75)
     return low[near[0]] if near else None
 
+# %% ../nbs/08_doctor.ipynb #ab3032f1
 def suggest_mapping(records: list, fmt: str | None = None) -> tuple[str, dict] | None:
     "`(fmt, mapping)` under which every one of `records` converts to a conversation, guessed from column names and values; None if no guess works."
     cols = list(dict.fromkeys(k for r in records for k in r))
@@ -128,17 +136,19 @@ def suggest_mapping(records: list, fmt: str | None = None) -> tuple[str, dict] |
         except ValueError: continue
     return None
 
+# %% ../nbs/08_doctor.ipynb #9c1c9846
 def mapping_fix(fmt: str, mapping: dict) -> str:
     "The exact call and CLI option that apply a suggested mapping."
     m = json.dumps(mapping, ensure_ascii=False)
     return f"`load_conversations(DATA, fmt={fmt!r}, mapping={m})` (`--format {fmt} --mapping '{m}'`)"
 
-# %% ../nbs/08_doctor.ipynb #54a58da2
+# %% ../nbs/08_doctor.ipynb #930e7c91
 def check_tokenizer(tok, report: Report) -> bool:
     "The registry's tokenizer checks, added to `report`; True when the template can be used for the token-level checks."
     for f in run_checks(Context(tok=tok)): report.merge(f)
     return not ({"no_chat_template", "template_error"} & set(report.findings))
 
+# %% ../nbs/08_doctor.ipynb #93d351de
 PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>", "<|reserved_special_token_0|>", "<|endoftext|>")
 
 def fix_pad_token(tokenizer, model=None):
@@ -155,6 +165,7 @@ def fix_pad_token(tokenizer, model=None):
     if model is not None: model.config.pad_token_id = tokenizer.pad_token_id
     return tokenizer
 
+# %% ../nbs/08_doctor.ipynb #51b2397b
 def open_tokenizer(tokenizer, template: str | None = None):
     "A tokenizer object from a path (no remote code) or an object, with Unsloth's template `template` applied if given."
     from unsloth_prep.tokenization import apply_template
@@ -165,7 +176,7 @@ def open_tokenizer(tokenizer, template: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), trust_remote_code=False)
     return apply_template(tokenizer, template) if template else tokenizer
 
-# %% ../nbs/08_doctor.ipynb #75b1b4c4
+# %% ../nbs/08_doctor.ipynb #57f8ab36
 def iter_located(data, rejects: Rejects, report: Report) -> Iterator[tuple[Any, int, dict]]:
     "`(where, key, record)` of every readable record of `data` (files, dirs, globs); malformed lines go to `rejects`, a broken file is reported."
     shards = plan_shards(resolve_files(data))
@@ -178,6 +189,7 @@ def iter_located(data, rejects: Rejects, report: Report) -> Iterator[tuple[Any, 
         except ValueError as e:
             report.add("unreadable_file", s["path"], detail=str(e))
 
+# %% ../nbs/08_doctor.ipynb #3183fa88
 def _key(obj) -> int:
     "64-bit content hash of a record (key order ignored)."
     return int.from_bytes(hashlib.blake2b(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS, default=str), digest_size=8).digest(), "little")
@@ -203,7 +215,7 @@ class DupFinder:
         f = report.add("duplicate", n=int(dup.size))
         f.examples = [self.where.get(int(x)) or int(x & ((1 << 40) - 1)) for x in first]
 
-# %% ../nbs/08_doctor.ipynb #016eb29f
+# %% ../nbs/08_doctor.ipynb #ad4fe53b
 VERIFY_CODES = {"length_mismatch": "length_mismatch", "labels_not_aligned": "labels_not_aligned", "no_trainable": "no_trainable_tokens",
                 "doubled_bos": "doubled_bos", "no_end_of_turn": "no_end_of_turn", "extra_trained_text": "labels_not_aligned",
                 "text_mismatch": "labels_not_aligned", "retokenize_mismatch": "labels_not_aligned"}
@@ -216,6 +228,7 @@ def _verify(rows, wheres, tok, report: Report, convs=None, train_on: str = "all-
     for kind, n in vr.problems.items(): report.add(VERIFY_CODES.get(kind, "labels_not_aligned"), n=n)
     for ex in vr.examples: report.add(VERIFY_CODES.get(ex["problem"], "labels_not_aligned"), wheres[ex["row"]], n=0, detail=ex["detail"])
 
+# %% ../nbs/08_doctor.ipynb #09201e34
 class TokenChecks:
     "Token-level checks of conversations, batched: tokenize with the package's own masking, verify the labels, measure lengths."
     def __init__(self, tok, report: Report, max_seq_length=None, train_on="all-assistant", batch_size=256):
@@ -261,7 +274,7 @@ class TokenChecks:
                                 f"max {s['max']} tokens, from `length_stats`), or accept the loss: "
                                 "`tokenize_conversation(..., on_overflow='drop')` drops long rows instead of cutting them")
 
-# %% ../nbs/08_doctor.ipynb #f085a64a
+# %% ../nbs/08_doctor.ipynb #c0e8fa31
 def _missing(rec: dict, fmt: str, mapping: dict) -> list:
     "Required fields of `fmt` that `rec` lacks (after the mapping)."
     need = REQUIRED_FIELDS[fmt]
@@ -278,20 +291,24 @@ def _char_count(conv: dict) -> int:
     if "text" in conv: return len(conv["text"] or "")
     return sum(len(m.get("content") or "") for m in conv.get("messages", []) if isinstance(m.get("content"), str))
 
+# %% ../nbs/08_doctor.ipynb #1f360b9e
+def _detect(head: list, report: Report, fmt: str, mapping: dict) -> tuple:
+    "The format of the first records (`fmt` unless 'auto') and a suggested mapping when no format fits them as they are."
+    if fmt != "auto": return fmt, None
+    recs = [r for _, _, r in head]
+    try: return detect_format(recs, mapping), None
+    except ValueError as e:
+        suggestion = suggest_mapping(recs[:32])
+        if suggestion is None: report.add("missing_field", n=0, detail=str(e))
+        return (suggestion[0] if suggestion else None), suggestion
+
+# %% ../nbs/08_doctor.ipynb #0b7725d8
 def check_records(stream, head: list, report: Report, fmt: str = "auto", mapping: dict | None = None,
                   tokens: TokenChecks | None = None, dups: DupFinder | None = None):
     "Field, format, empty-response and assistant-turn checks of raw records (plus token checks when `tokens` is given)."
     mapping = dict(mapping or {})
     recs = [r for _, _, r in head]
-    suggestion = None
-    if fmt == "auto":
-        try: fmt = detect_format(recs, mapping)
-        except ValueError as e:
-            suggestion = suggest_mapping(recs[:32])
-            if suggestion is None:
-                report.add("missing_field", n=0, detail=str(e))
-                fmt = None
-            else: fmt = suggestion[0]
+    fmt, suggestion = _detect(head, report, fmt, mapping)
     report.info["format"] = fmt
     bad = []
     for where, key, rec in stream:
@@ -328,6 +345,7 @@ def check_records(stream, head: list, report: Report, fmt: str = "auto", mapping
         elif suggestion: report.add("missing_field", n=0, fix=f"pass the column mapping: {mapping_fix(*suggestion)}")
     return fmt
 
+# %% ../nbs/08_doctor.ipynb #f9e464d5
 def check_tokenized(stream, report: Report, tok=None, max_seq_length: int | None = None, batch_size: int = 256):
     "Checks of already tokenized rows (`input_ids`, `labels`): lengths, masking, BOS, end of turn, prompt trained."
     report.info["format"] = "tokenized"
@@ -425,7 +443,7 @@ def write_clean(data, out, fmt: str = "auto", mapping: dict | None = None) -> di
     return {"out": str(out), "format": fmt, **{k: counts[k] for k in ("written", "malformed_line", "missing_field", "invalid_record",
                                                                     "empty_response", "no_trainable_tokens", "duplicate")}}
 
-# %% ../nbs/08_doctor.ipynb #e0334ef9
+# %% ../nbs/08_doctor.ipynb #549a5395
 def doctor_args(parser):
     "Arguments of `unsloth-prep doctor`."
     parser.add_argument("data", help="data file, folder or glob (JSONL, JSON array, CSV, Parquet; raw records or tokenized rows)")
@@ -440,6 +458,7 @@ def doctor_args(parser):
     parser.add_argument("--write-clean", default=None, metavar="OUT", help="also write a copy without malformed/empty/duplicate/invalid records")
     return parser
 
+# %% ../nbs/08_doctor.ipynb #af65d6d7
 def doctor_main(args) -> dict:
     "Run `doctor`, print the report; summary with errors, warnings, codes, findings and `exit_code` (1 when errors)."
     mapping = json.loads(args.mapping) if args.mapping else None
