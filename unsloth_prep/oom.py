@@ -55,7 +55,9 @@ def known_name(name: str) -> str | None:
         n = re.sub(r"-v0\.\d$", "", n)
     return n if n in KNOWN_CONFIGS else None
 
-# %% ../nbs/06_oom.ipynb #0d73e6b1
+# %% ../nbs/06_oom.ipynb #2a595564
+from fastcore.basics import patch
+
 @dataclass
 class Arch:
     "The numbers of a decoder-only transformer that memory depends on."
@@ -89,37 +91,40 @@ class Arch:
                    attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
                    max_position_embeddings=cfg.get("max_position_embeddings"), model_type=cfg.get("model_type", "llama"))
 
-    def linear_shapes(self) -> dict:
-        "(in, out) features of each linear layer of one decoder layer, by module name."
-        H, I, q, kv = self.hidden_size, self.intermediate_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
-        return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
-                "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+# %% ../nbs/06_oom.ipynb #9b978d2e
+@patch
+def linear_shapes(self: Arch) -> dict:
+    "(in, out) features of each linear layer of one decoder layer, by module name."
+    H, I, q, kv = self.hidden_size, self.intermediate_size, self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim
+    return {"q_proj": (H, q), "k_proj": (H, kv), "v_proj": (H, kv), "o_proj": (q, H),
+            "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
 
-    @property
-    def linear_params(self) -> int:
-        "Parameters of the decoder layers' linear weights (what 4-/8-bit quantisation applies to)."
-        return self.num_hidden_layers * sum(i * o for i, o in self.linear_shapes().values())
+@patch(as_prop=True)
+def linear_params(self: Arch) -> int:
+    "Parameters of the decoder layers' linear weights (what 4-/8-bit quantisation applies to)."
+    return self.num_hidden_layers * sum(i * o for i, o in self.linear_shapes().values())
 
-    @property
-    def other_params(self) -> int:
-        "Embeddings, LM head, norms and biases: kept in 16-bit by bitsandbytes loaders."
-        H, L = self.hidden_size, self.num_hidden_layers
-        emb = self.vocab_size * H * (1 if self.tie_word_embeddings else 2)
-        bias = L * (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim if self.attention_bias else 0
-        return emb + L * 2 * H + H + bias
+@patch(as_prop=True)
+def other_params(self: Arch) -> int:
+    "Embeddings, LM head, norms and biases: kept in 16-bit by bitsandbytes loaders."
+    H, L = self.hidden_size, self.num_hidden_layers
+    emb = self.vocab_size * H * (1 if self.tie_word_embeddings else 2)
+    bias = L * (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim if self.attention_bias else 0
+    return emb + L * 2 * H + H + bias
 
-    @property
-    def n_params(self) -> int:
-        "Total parameter count."
-        return self.linear_params + self.other_params
+@patch(as_prop=True)
+def n_params(self: Arch) -> int:
+    "Total parameter count."
+    return self.linear_params + self.other_params
 
-    def lora_params(self, r: int, targets=None) -> int:
-        "Trainable LoRA parameters: r * (in + out) per targeted linear per layer."
-        shapes = self.linear_shapes()
-        targets = list(shapes) if targets in (None, "all", "all-linear") else list(targets)
-        unknown = [t for t in targets if t not in shapes]
-        if unknown: raise ValueError(f"target_modules {unknown} unknown; choose from {list(shapes)}")
-        return self.num_hidden_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
+@patch
+def lora_params(self: Arch, r: int, targets=None) -> int:
+    "Trainable LoRA parameters: r * (in + out) per targeted linear per layer."
+    shapes = self.linear_shapes()
+    targets = list(shapes) if targets in (None, "all", "all-linear") else list(targets)
+    unknown = [t for t in targets if t not in shapes]
+    if unknown: raise ValueError(f"target_modules {unknown} unknown; choose from {list(shapes)}")
+    return self.num_hidden_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
 
 # %% ../nbs/06_oom.ipynb #08efa0a0
 def load_arch(model) -> Arch:
@@ -147,17 +152,23 @@ def load_arch(model) -> Arch:
                          f"and transformers.AutoConfig could not resolve it: {type(e).__name__}: {str(e)[:200]}") from None
     return Arch.from_config(cfg, name=s)
 
-# %% ../nbs/06_oom.ipynb #23a245c3
+# %% ../nbs/06_oom.ipynb #08fc341d
 GB = 1024 ** 3
+
 ACT_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2}
+
 # bytes per quantised linear weight: NF4 = 4 bits + one uint8 absmax per 64 weights + one fp32 per 256 absmax (double quant)
 WEIGHT_BYTES = {"4bit": 0.5 + (1 + 4 / 256) / 64, "8bit": 1.0, "16bit": 2.0, "32bit": 4.0}
+
 OPTIMIZERS = {"adamw_8bit": 2.0, "adamw_32bit": 8.0, "sgd": 0.0}   # optimizer-state bytes per trainable parameter
+
 _OPTIM_ALIASES = {"adamw_torch": "adamw_32bit", "adamw_torch_fused": "adamw_32bit", "adamw_hf": "adamw_32bit",
                   "paged_adamw_32bit": "adamw_32bit", "adamw": "adamw_32bit", "paged_adamw_8bit": "adamw_8bit",
                   "adamw_bnb_8bit": "adamw_8bit", "adamw8bit": "adamw_8bit"}
+
 CE_CHUNK_ELEMENTS = 16 * 1024 * 1024  # unsloth_zoo.cpu's chunked CE: rows per chunk = this // vocab
 
+# %% ../nbs/06_oom.ipynb #9b1e1c8a
 def _norm_load(load) -> str:
     "'4bit' | '8bit' | '16bit' | '32bit' from the spellings people use."
     s = str(load).lower().replace("-", "").replace("_", "").replace("loadin", "")
@@ -176,6 +187,7 @@ def _norm_ckpt(ckpt):
         raise ValueError(f"checkpointing={ckpt!r}: use off, on or unsloth")
     return bool(ckpt)
 
+# %% ../nbs/06_oom.ipynb #c28f6f08
 def layer_activation_elems(arch: Arch, lora_rank: int = 16, n_targets: int = 7) -> int:
     "Elements autograd saves per token in one decoder layer (LoRA on the linears, frozen base, SDPA attention)."
     H, I = arch.hidden_size, arch.intermediate_size
@@ -183,7 +195,7 @@ def layer_activation_elems(arch: Arch, lora_rank: int = 16, n_targets: int = 7) 
     # 2 RMSNorm inputs + 2 normed outputs (LoRA A inputs); gate, up, silu(gate), silu*up; rotated q, k, v + attention output; LoRA A outputs
     return 4 * H + 4 * I + (2 * q + 2 * kv) + n_targets * lora_rank
 
-# %% ../nbs/06_oom.ipynb #18d98d96
+# %% ../nbs/06_oom.ipynb #9c600a80
 @dataclass
 class Estimate:
     "An itemised memory estimate (bytes per item), its inputs and the assumptions behind it."
@@ -209,64 +221,90 @@ class Estimate:
         return "\n".join(rows + ["-" * (w + 14), f"{'total':<{w}}  {self.total_gb:8.3f} GiB"])
     def __repr__(self): return f"Estimate({self.inputs.get('model')}: {self.total_gb:.2f} GiB)"
 
-def estimate(model, *, load="4bit", lora_rank: int = 16, target_modules=None, optimizer: str = "adamw_8bit",
-             batch_size: int = 1, seq_len: int = 2048, checkpointing="unsloth", packing: bool = False,
-             dtype: str | None = None, device: str = "cuda", fused_loss: bool = True,
-             overhead_gb: float | None = None) -> Estimate:
-    "Itemised memory of one LoRA/QLoRA training step: weights, LoRA params+grads, optimizer, activations, logits/loss, overhead."
-    arch = load_arch(model)
+# %% ../nbs/06_oom.ipynb #f3a7b603
+def _activation_bytes(arch: Arch, per_layer: float, tokens: int, b: int, ckpt, device: str) -> float:
+    "Saved activations: every layer's without checkpointing; else each layer's input and one layer being recomputed."
+    H, L = arch.hidden_size, arch.num_hidden_layers
+    if ckpt is False: return L * per_layer + 2 * H * b * tokens
+    if ckpt == "unsloth" and device == "cuda": return per_layer + 4 * H * b * tokens  # layer inputs offloaded to CPU RAM
+    return per_layer + (L + 2) * H * b * tokens                                       # layer inputs kept
+
+def _loss_bytes(arch: Arch, tokens: int, b: int, fused_loss: bool) -> float:
+    "Logits and loss: one chunk of the chunked cross-entropy, or the full logits, their fp32 copy, softmax and gradient."
+    V = arch.vocab_size
+    if not fused_loss: return tokens * V * (b + 4 * 3)
+    rows = min(tokens, max(16, CE_CHUNK_ELEMENTS // V))
+    return rows * V * 4 * 3 + tokens * arch.hidden_size * b  # fp32 chunk, softmax temporaries, grad of hidden
+
+def _overhead_bytes(arch: Arch, load: str, device: str, overhead_gb: float | None) -> float:
+    "CUDA context and allocator plus one dequantised weight buffer on a GPU; nothing on the CPU; or as given."
+    if overhead_gb is not None: return overhead_gb * GB
+    dq = max(i * o for i, o in arch.linear_shapes().values()) * 2 if load in ("4bit", "8bit") else 0
+    return (0.5 * GB + dq) if device == "cuda" else 0.0
+
+# %% ../nbs/06_oom.ipynb #3b5b9006
+def _checked(load, checkpointing, optimizer, device, batch_size, seq_len, lora_rank, dtype) -> tuple:
+    "Normalised load, checkpointing, optimizer and dtype; ValueError naming the argument that is wrong."
     load, ckpt = _norm_load(load), _norm_ckpt(checkpointing)
     opt = _OPTIM_ALIASES.get(str(optimizer).lower(), str(optimizer).lower())
-    if opt not in OPTIMIZERS: raise ValueError(f"optimizer={optimizer!r}: use one of {list(OPTIMIZERS) + list(_OPTIM_ALIASES)}")
+    if opt not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r}: use one of {list(OPTIMIZERS) + list(_OPTIM_ALIASES)}")
     if device not in ("cuda", "cpu"): raise ValueError(f"device={device!r}: use cuda or cpu")
-    if batch_size < 1 or seq_len < 1 or lora_rank < 0: raise ValueError("batch_size and seq_len must be >= 1, lora_rank >= 0")
+    if batch_size < 1 or seq_len < 1 or lora_rank < 0:
+        raise ValueError("batch_size and seq_len must be >= 1, lora_rank >= 0")
     dtype = dtype or ("fp32" if device == "cpu" or load == "32bit" else "bf16")
     if dtype not in ACT_BYTES: raise ValueError(f"dtype={dtype!r}: use bf16, fp16 or fp32")
-    b = ACT_BYTES[dtype]
-    targets = list(arch.linear_shapes()) if target_modules in (None, "all", "all-linear") else list(target_modules)
-    n_lora = arch.lora_params(lora_rank, targets)
-    H, L, V, N = arch.hidden_size, arch.num_hidden_layers, arch.vocab_size, batch_size * seq_len
-    A = layer_activation_elems(arch, lora_rank, len(targets)) * b * N      # one layer's saved activations
-    if ckpt is False: acts = L * A + 2 * H * b * N
-    elif ckpt == "unsloth" and device == "cuda": acts = A + 4 * H * b * N    # layer inputs offloaded to CPU RAM
-    else: acts = A + (L + 2) * H * b * N                                      # layer inputs kept, one layer recomputed
-    if fused_loss:
-        rows = min(N, max(16, CE_CHUNK_ELEMENTS // V))
-        logits = rows * V * 4 * 3 + N * H * b                                 # fp32 chunk, softmax temporaries, grad of hidden
-    else:
-        logits = N * V * (b + 4 * 3)                                          # logits, fp32 copy, log-softmax, its gradient
+    return load, ckpt, opt, dtype
+
+_CKPT_TEXT = {False: "no checkpointing: every layer's activations live until backward",
+              True: "checkpointing: each layer keeps its input; one layer is recomputed at a time",
+              "unsloth": "Unsloth checkpointing: layer inputs offloaded to CPU RAM, one layer recomputed",
+              "unsloth-cpu": "Unsloth checkpointing on CPU = torch non-reentrant checkpointing (nothing to offload to)"}
+
+def _assumptions(load: str, opt: str, dtype: str, ckpt, device: str, fused_loss: bool, overhead: float,
+                 overhead_given: bool) -> list:
+    "The assumptions behind an estimate, one line each."
     other_b = 4 if load == "32bit" else 2
-    if overhead_gb is None:
-        dq = max(i * o for i, o in arch.linear_shapes().values()) * 2 if load in ("4bit", "8bit") else 0
-        overhead = (0.5 * GB + dq) if device == "cuda" else 0.0
-    else: overhead = overhead_gb * GB
-    items = {"weights": arch.linear_params * WEIGHT_BYTES[load] + arch.other_params * other_b,
-             "lora_params": n_lora * 4.0, "lora_grads": n_lora * 4.0, "optimizer": n_lora * OPTIMIZERS[opt],
-             "activations": float(acts), "backward_workspace": float(A), "logits_loss": float(logits),
-             "overhead": float(overhead)}
-    inputs = dict(model=arch.name, n_params=arch.n_params, load=load, lora_rank=lora_rank, target_modules=targets,
-                  optimizer=opt, batch_size=batch_size, seq_len=seq_len, checkpointing=ckpt, packing=packing,
-                  dtype=dtype, device=device, fused_loss=fused_loss, tokens_per_step=N)
-    assumptions = [
+    ck = "unsloth-cpu" if ckpt == "unsloth" and device != "cuda" else ckpt
+    return [
         f"weights: decoder linears at {WEIGHT_BYTES[load]:.4f} B/param ({load}); embeddings, LM head, norms at {other_b} B",
         "LoRA adapters, their gradients kept in fp32; no gradient for frozen weights",
         f"optimizer {opt}: {OPTIMIZERS[opt]:g} B per trainable parameter",
-        f"activations in {dtype}: per layer per token 4*hidden + 4*intermediate + 2*(q+kv) + rank*targets elements saved by autograd",
-        {False: "no checkpointing: every layer's activations live until backward",
-         True: "checkpointing: each layer keeps its input; one layer is recomputed at a time",
-         "unsloth": ("Unsloth checkpointing: layer inputs offloaded to CPU RAM, one layer recomputed" if device == "cuda"
-                     else "Unsloth checkpointing on CPU = torch non-reentrant checkpointing (nothing to offload to)")}[ckpt],
+        f"activations in {dtype}: per layer per token 4*hidden + 4*intermediate + 2*(q+kv) + rank*targets elements",
+        _CKPT_TEXT[ck],
         "backward workspace: gradients of one layer's activations at a time",
         ("loss: chunked cross-entropy, never the full (tokens, vocab) logits" if fused_loss
          else "loss: full logits + fp32 copy + log-softmax + gradient"),
         "packing: peak set by batch*max_seq_length tokens either way; packing raises real tokens per step, not the peak",
-        ("overhead: 0.5 GiB CUDA context/allocator + one dequantised weight buffer" if device == "cuda" and overhead_gb is None
+        ("overhead: 0.5 GiB CUDA context/allocator + one dequantised weight buffer" if device == "cuda" and not overhead_given
          else f"overhead: {overhead / GB:g} GiB (interpreter and libraries not counted)"),
         "attention: SDPA/flash (no seq x seq matrix); padding masks that force the math path are not modelled",
     ]
-    return Estimate(items, inputs, assumptions)
 
-# %% ../nbs/06_oom.ipynb #17f1c864
+# %% ../nbs/06_oom.ipynb #b08f0d8e
+def estimate(model, *, load="4bit", lora_rank: int = 16, target_modules=None, optimizer: str = "adamw_8bit",
+             batch_size: int = 1, seq_len: int = 2048, checkpointing="unsloth", packing: bool = False,
+             dtype: str | None = None, device: str = "cuda", fused_loss: bool = True,
+             overhead_gb: float | None = None) -> Estimate:
+    "Itemised memory of one LoRA/QLoRA training step: weights, LoRA, optimizer, activations, loss, overhead."
+    arch = load_arch(model)
+    load, ckpt, opt, dtype = _checked(load, checkpointing, optimizer, device, batch_size, seq_len, lora_rank, dtype)
+    b, N = ACT_BYTES[dtype], batch_size * seq_len
+    targets = list(arch.linear_shapes()) if target_modules in (None, "all", "all-linear") else list(target_modules)
+    n_lora = arch.lora_params(lora_rank, targets)
+    A = layer_activation_elems(arch, lora_rank, len(targets)) * b * N  # one layer's saved activations
+    overhead = _overhead_bytes(arch, load, device, overhead_gb)
+    items = {"weights": arch.linear_params * WEIGHT_BYTES[load] + arch.other_params * (4 if load == "32bit" else 2),
+             "lora_params": n_lora * 4.0, "lora_grads": n_lora * 4.0, "optimizer": n_lora * OPTIMIZERS[opt],
+             "activations": float(_activation_bytes(arch, A, N, b, ckpt, device)), "backward_workspace": float(A),
+             "logits_loss": float(_loss_bytes(arch, N, b, fused_loss)), "overhead": float(overhead)}
+    inputs = dict(model=arch.name, n_params=arch.n_params, load=load, lora_rank=lora_rank, target_modules=targets,
+                  optimizer=opt, batch_size=batch_size, seq_len=seq_len, checkpointing=ckpt, packing=packing,
+                  dtype=dtype, device=device, fused_loss=fused_loss, tokens_per_step=N)
+    notes = _assumptions(load, opt, dtype, ckpt, device, fused_loss, overhead, overhead_gb is not None)
+    return Estimate(items, inputs, notes)
+
+# %% ../nbs/06_oom.ipynb #105dee04
 # usable memory as torch reports it (GiB), bf16 support and CUDA compute capability
 GPUS = {
     "T4": dict(vram_gb=14.7, bf16=False, capability=7.5),
@@ -277,6 +315,7 @@ GPUS = {
     "A100-80GB": dict(vram_gb=79.1, bf16=True, capability=8.0),
     "H100": dict(vram_gb=79.1, bf16=True, capability=9.0),
 }
+
 _GPU_ALIASES = {"A100": "A100-40GB", "A100-40G": "A100-40GB", "A100-80G": "A100-80GB", "A10G": "A10", "H100-80GB": "H100"}
 
 def gpu_spec(gpu) -> dict:
@@ -292,11 +331,12 @@ def gpu_spec(gpu) -> dict:
         return {"name": f"{m.group(1)}GB", "vram_gb": round(gib * 0.985, 2), "bf16": False, "capability": None}
     raise ValueError(f"gpu={gpu!r}: use one of {', '.join(GPUS)} or a size such as 24GB")
 
+# %% ../nbs/06_oom.ipynb #76c1cfa4
 def fits(est: Estimate, gpu, margin: float = 0.92) -> bool:
     "Whether the estimate stays under `margin` of the GPU's usable memory (fragmentation headroom)."
     return est.total_gb <= gpu_spec(gpu)["vram_gb"] * margin
 
-# %% ../nbs/06_oom.ipynb #467565ad
+# %% ../nbs/06_oom.ipynb #f51b540e
 # candidates from least to most memory: each coordinate (precision, batch) only grows along the chain,
 # so picking the last one that fits makes more VRAM never recommend less
 # Unsloth's published minimum VRAM (GB) by model size (billions of parameters), QLoRA 4-bit and LoRA 16-bit:
@@ -318,6 +358,7 @@ def unsloth_docs_min_gb(n_params: float, load: str = "4bit") -> float | None:
             return UNSLOTH_DOCS_MIN_GB[lo][col] * (1 - f) + UNSLOTH_DOCS_MIN_GB[hi][col] * f
     return UNSLOTH_DOCS_MIN_GB[ks[-1]][col] * b / ks[-1]
 
+# %% ../nbs/06_oom.ipynb #84bcf2a7
 CHAIN = [("4bit", 1), ("4bit", 2), ("4bit", 4), ("16bit", 4), ("16bit", 8)]
 
 def seq_len_from_stats(stats: dict | None, default: int = 2048) -> int:
@@ -337,6 +378,7 @@ def max_fitting_seq_len(model, gpu, load="4bit", batch_size=1, step=64, limit=26
         else: hi = mid - 1
     return lo * step
 
+# %% ../nbs/06_oom.ipynb #e06ccc74
 def recommend(model, gpu, stats: dict | None = None, lora_rank: int = 16, target_modules=None,
               effective_batch: int = 16, max_seq_length: int | None = None, optimizer: str = "adamw_8bit",
               checkpointing="unsloth") -> dict:
@@ -380,6 +422,7 @@ def recommend(model, gpu, stats: dict | None = None, lora_rank: int = 16, target
         "estimate": est.as_dict(), "notes": notes,
     }
 
+# %% ../nbs/06_oom.ipynb #705259c6
 def _rank(rec: dict) -> tuple:
     "The memory-relevant settings of a recommendation as a tuple that only grows with more VRAM."
     return (not rec["from_pretrained"]["load_in_4bit"], rec["sft_config"]["per_device_train_batch_size"],
@@ -433,7 +476,7 @@ def scan_data(path, max_rows: int | None = 200_000) -> dict:
     info["columns"], info["has_labels"] = list(cols), "labels" in cols
     return info
 
-# %% ../nbs/06_oom.ipynb #6bf2244c
+# %% ../nbs/06_oom.ipynb #787b3556
 def _pkg_file(pkg: str, rel: str) -> Path:
     "A file inside an installed package, located without importing the package."
     from importlib.util import find_spec
@@ -453,6 +496,7 @@ def quant_type_facts() -> dict:
         except (ModuleNotFoundError, FileNotFoundError): facts[label] = None
     return facts
 
+# %% ../nbs/06_oom.ipynb #88854cab
 def auto_batch_facts() -> dict:
     "Whether `auto_find_batch_size` exists and how it changes the batch on OOM, read from the installed transformers/accelerate."
     import inspect
@@ -465,6 +509,7 @@ def auto_batch_facts() -> dict:
             "on_oom_multiply_by": float(m.group(1)) if m else None, "never_increases": "* 2" not in src.split("def find_executable_batch_size")[1].split("\ndef ")[0],
             "starts_from": "per_device_train_batch_size" if "self._train_batch_size, args.auto_find_batch_size" in trainer else "unknown"}
 
+# %% ../nbs/06_oom.ipynb #d52c9632
 def group_by_length_facts() -> dict:
     "Whether `group_by_length` is still an argument of the installed TrainingArguments / SFTConfig, and its replacement."
     import inspect
@@ -478,6 +523,7 @@ def group_by_length_facts() -> dict:
             "packing_strategy_default": q["packing_strategy"].default if "packing_strategy" in q else None,
             "padding_free": "padding_free" in q}
 
+# %% ../nbs/06_oom.ipynb #a91aa531
 def packed_lengths(lengths, seq_len: int) -> list:
     "Row lengths after TRL's own `pack_dataset` (best-fit decreasing) packs rows of the given lengths into `seq_len`."
     from datasets import Dataset
@@ -485,7 +531,7 @@ def packed_lengths(lengths, seq_len: int) -> list:
     ds = Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
     return [len(x) for x in pack_dataset(ds, seq_len)["input_ids"]]
 
-# %% ../nbs/06_oom.ipynb #e3480fda
+# %% ../nbs/06_oom.ipynb #9f8fc2dd
 MEASURE_SPEC = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4)  # the tiny fixture, widened so activations show in RSS
 
 def cpu_train_step(model_path, seq_len: int, batch_size: int, checkpointing="unsloth", lora_rank: int = 16, steps: int = 2) -> dict:
@@ -527,6 +573,7 @@ def _cpu_train_step(model_path, seq_len, batch_size, checkpointing, lora_rank, s
         SFTTrainer(model=model, args=cfg, train_dataset=ds, processing_class=tok, callbacks=[Clock()]).train()
     return {"baseline_mb": base, "step_s": times[-1], "seq_len": seq_len, "batch_size": batch_size, "checkpointing": ck}
 
+# %% ../nbs/06_oom.ipynb #4a5ae088
 def measure_cpu_steps(model_path, seq_lens=(512, 1024, 2048), modes=(False, True, "unsloth"), batch_size: int = 8, lora_rank: int = 16) -> list:
     "Measured peak RSS (fresh process each) vs the CPU estimate for each sequence length and checkpointing mode."
     from unsloth_prep.memory import isolated
@@ -609,7 +656,19 @@ def _plan_checks(args, cfg: dict | None, scan: dict | None, max_seq_length: int)
     print(findings_table(findings))
     return findings
 
-# %% ../nbs/06_oom.ipynb #f450ca4a
+# %% ../nbs/06_oom.ipynb #c95e4ec6
+def _plan_text(rec: dict) -> str:
+    "The recommendation as text: the headline, the itemised estimate, the settings and the notes."
+    est, g = rec["estimate"], rec["gpu"]
+    lines = [f"{rec['model']} on {g['name']} ({g['vram_gb']} GiB usable): "
+             f"{'4-bit' if rec['from_pretrained']['load_in_4bit'] else '16-bit'}, batch "
+             f"{rec['sft_config']['per_device_train_batch_size']} x {rec['from_pretrained']['max_seq_length']} tokens"]
+    lines += [f"  {k:<20}{v:8.3f} GiB" for k, v in est["items_gb"].items()]
+    lines.append(f"  {'total':<20}{est['total_gb']:8.3f} GiB -> {'fits' if rec['fits'] else 'does NOT fit'}")
+    lines += [f"{s}: {json.dumps(rec[s])}" for s in ("from_pretrained", "get_peft_model", "sft_config")]
+    return "\n".join(lines + [f"note: {n}" for n in rec["notes"]])
+
+# %% ../nbs/06_oom.ipynb #2fc0c1a2
 def plan_main(args) -> dict:
     "Print the itemised estimate and recommended settings; with --config/--data/--tokenizer, the registry's findings."
     inp = _plan_inputs(args)
@@ -626,14 +685,3 @@ def plan_main(args) -> dict:
         out.update(findings=[f.as_dict() for f in found], codes=[f.code for f in found],
                    errors=sum(f.severity == "error" for f in found), warnings=sum(f.severity == "warning" for f in found))
     return out
-
-def _plan_text(rec: dict) -> str:
-    "The recommendation as text: the headline, the itemised estimate, the settings and the notes."
-    est, g = rec["estimate"], rec["gpu"]
-    lines = [f"{rec['model']} on {g['name']} ({g['vram_gb']} GiB usable): "
-             f"{'4-bit' if rec['from_pretrained']['load_in_4bit'] else '16-bit'}, batch "
-             f"{rec['sft_config']['per_device_train_batch_size']} x {rec['from_pretrained']['max_seq_length']} tokens"]
-    lines += [f"  {k:<20}{v:8.3f} GiB" for k, v in est["items_gb"].items()]
-    lines.append(f"  {'total':<20}{est['total_gb']:8.3f} GiB -> {'fits' if rec['fits'] else 'does NOT fit'}")
-    lines += [f"{s}: {json.dumps(rec[s])}" for s in ("from_pretrained", "get_peft_model", "sft_config")]
-    return "\n".join(lines + [f"note: {n}" for n in rec["notes"]])
