@@ -55,7 +55,7 @@ def known_name(name: str) -> str | None:
         n = re.sub(r"-v0\.\d$", "", n)
     return n if n in KNOWN_CONFIGS else None
 
-# %% ../nbs/06_oom.ipynb #2a595564
+# %% ../nbs/06_oom.ipynb #69f16f6c
 from fastcore.basics import patch
 
 @dataclass
@@ -74,24 +74,25 @@ class Arch:
     max_position_embeddings: int | None = None
     model_type: str = "llama"
 
-    @classmethod
-    def from_config(cls, cfg: dict, name: str = "") -> "Arch":
-        "Read the fields from a `config.json` dict (multimodal configs: their `text_config`)."
-        cfg = dict(cfg.get("text_config") or cfg) if isinstance(cfg.get("text_config"), dict) else dict(cfg)
-        need = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
-        missing = [k for k in need if not cfg.get(k)]
-        if missing: raise ValueError(f"{name or 'config'}: field(s) {missing} missing: not a decoder-only LM config this estimator knows")
-        nh = int(cfg["num_attention_heads"])
-        return cls(name=name or cfg.get("_name_or_path") or cfg.get("model_type", "model"), vocab_size=int(cfg["vocab_size"]),
-                   hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
-                   num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=nh,
-                   num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
-                   head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // nh),
-                   tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                   attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
-                   max_position_embeddings=cfg.get("max_position_embeddings"), model_type=cfg.get("model_type", "llama"))
+# %% ../nbs/06_oom.ipynb #17dfc300
+@patch(cls_method=True)
+def from_config(cls: Arch, cfg: dict, name: str = "") -> Arch:
+    "Read the fields from a `config.json` dict (multimodal configs: their `text_config`)."
+    cfg = dict(cfg.get("text_config") or cfg) if isinstance(cfg.get("text_config"), dict) else dict(cfg)
+    need = ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"]
+    missing = [k for k in need if not cfg.get(k)]
+    if missing: raise ValueError(f"{name or 'config'}: field(s) {missing} missing: not a decoder-only LM config this estimator knows")
+    nh = int(cfg["num_attention_heads"])
+    return cls(name=name or cfg.get("_name_or_path") or cfg.get("model_type", "model"), vocab_size=int(cfg["vocab_size"]),
+               hidden_size=int(cfg["hidden_size"]), intermediate_size=int(cfg["intermediate_size"]),
+               num_hidden_layers=int(cfg["num_hidden_layers"]), num_attention_heads=nh,
+               num_key_value_heads=int(cfg.get("num_key_value_heads") or nh),
+               head_dim=int(cfg.get("head_dim") or int(cfg["hidden_size"]) // nh),
+               tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+               attention_bias=bool(cfg.get("attention_bias", cfg.get("model_type") == "qwen2")),
+               max_position_embeddings=cfg.get("max_position_embeddings"), model_type=cfg.get("model_type", "llama"))
 
-# %% ../nbs/06_oom.ipynb #9b978d2e
+# %% ../nbs/06_oom.ipynb #b9425362
 @patch
 def linear_shapes(self: Arch) -> dict:
     "(in, out) features of each linear layer of one decoder layer, by module name."
@@ -112,6 +113,7 @@ def other_params(self: Arch) -> int:
     bias = L * (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim if self.attention_bias else 0
     return emb + L * 2 * H + H + bias
 
+# %% ../nbs/06_oom.ipynb #cdf8e0ce
 @patch(as_prop=True)
 def n_params(self: Arch) -> int:
     "Total parameter count."
@@ -168,7 +170,7 @@ _OPTIM_ALIASES = {"adamw_torch": "adamw_32bit", "adamw_torch_fused": "adamw_32bi
 
 CE_CHUNK_ELEMENTS = 16 * 1024 * 1024  # unsloth_zoo.cpu's chunked CE: rows per chunk = this // vocab
 
-# %% ../nbs/06_oom.ipynb #9b1e1c8a
+# %% ../nbs/06_oom.ipynb #38b5d896
 def _norm_load(load) -> str:
     "'4bit' | '8bit' | '16bit' | '32bit' from the spellings people use."
     s = str(load).lower().replace("-", "").replace("_", "").replace("loadin", "")
@@ -177,6 +179,7 @@ def _norm_load(load) -> str:
     if s not in m: raise ValueError(f"load={load!r}: use one of 4bit (nf4), 8bit, 16bit, 32bit")
     return m[s]
 
+# %% ../nbs/06_oom.ipynb #9a452424
 def _norm_ckpt(ckpt):
     "False | True | 'unsloth' from bools and strings ('off', 'on', 'true', ...)."
     if isinstance(ckpt, str):
@@ -242,7 +245,7 @@ def _overhead_bytes(arch: Arch, load: str, device: str, overhead_gb: float | Non
     dq = max(i * o for i, o in arch.linear_shapes().values()) * 2 if load in ("4bit", "8bit") else 0
     return (0.5 * GB + dq) if device == "cuda" else 0.0
 
-# %% ../nbs/06_oom.ipynb #3b5b9006
+# %% ../nbs/06_oom.ipynb #7d8c5e80
 def _checked(load, checkpointing, optimizer, device, batch_size, seq_len, lora_rank, dtype) -> tuple:
     "Normalised load, checkpointing, optimizer and dtype; ValueError naming the argument that is wrong."
     load, ckpt = _norm_load(load), _norm_ckpt(checkpointing)
@@ -256,6 +259,7 @@ def _checked(load, checkpointing, optimizer, device, batch_size, seq_len, lora_r
     if dtype not in ACT_BYTES: raise ValueError(f"dtype={dtype!r}: use bf16, fp16 or fp32")
     return load, ckpt, opt, dtype
 
+# %% ../nbs/06_oom.ipynb #537155be
 _CKPT_TEXT = {False: "no checkpointing: every layer's activations live until backward",
               True: "checkpointing: each layer keeps its input; one layer is recomputed at a time",
               "unsloth": "Unsloth checkpointing: layer inputs offloaded to CPU RAM, one layer recomputed",
@@ -304,7 +308,7 @@ def estimate(model, *, load="4bit", lora_rank: int = 16, target_modules=None, op
     notes = _assumptions(load, opt, dtype, ckpt, device, fused_loss, overhead, overhead_gb is not None)
     return Estimate(items, inputs, notes)
 
-# %% ../nbs/06_oom.ipynb #105dee04
+# %% ../nbs/06_oom.ipynb #e0757c8d
 # usable memory as torch reports it (GiB), bf16 support and CUDA compute capability
 GPUS = {
     "T4": dict(vram_gb=14.7, bf16=False, capability=7.5),
@@ -318,6 +322,7 @@ GPUS = {
 
 _GPU_ALIASES = {"A100": "A100-40GB", "A100-40G": "A100-40GB", "A100-80G": "A100-80GB", "A10G": "A10", "H100-80GB": "H100"}
 
+# %% ../nbs/06_oom.ipynb #d810b86b
 def gpu_spec(gpu) -> dict:
     "Name, usable GiB and bf16 support of a named GPU or of a size such as '24GB' (bf16 then unknown: fp16 is assumed)."
     if isinstance(gpu, dict): return {"name": gpu.get("name", "custom"), "bf16": False, "capability": None, **gpu}
@@ -358,7 +363,7 @@ def unsloth_docs_min_gb(n_params: float, load: str = "4bit") -> float | None:
             return UNSLOTH_DOCS_MIN_GB[lo][col] * (1 - f) + UNSLOTH_DOCS_MIN_GB[hi][col] * f
     return UNSLOTH_DOCS_MIN_GB[ks[-1]][col] * b / ks[-1]
 
-# %% ../nbs/06_oom.ipynb #84bcf2a7
+# %% ../nbs/06_oom.ipynb #636ba945
 CHAIN = [("4bit", 1), ("4bit", 2), ("4bit", 4), ("16bit", 4), ("16bit", 8)]
 
 def seq_len_from_stats(stats: dict | None, default: int = 2048) -> int:
@@ -369,6 +374,7 @@ def seq_len_from_stats(stats: dict | None, default: int = 2048) -> int:
         if stats.get(k): return round_up(float(stats[k]))
     raise ValueError("stats: none of suggested_max_seq_length, p95, p99, max present")
 
+# %% ../nbs/06_oom.ipynb #e01710a3
 def max_fitting_seq_len(model, gpu, load="4bit", batch_size=1, step=64, limit=262144, **kw) -> int:
     "Largest multiple of `step` whose estimate fits the GPU (0 when not even `step` tokens fit)."
     lo, hi = 0, limit // step
@@ -531,7 +537,7 @@ def packed_lengths(lengths, seq_len: int) -> list:
     ds = Dataset.from_dict({"input_ids": [[1] * int(n) for n in lengths]})
     return [len(x) for x in pack_dataset(ds, seq_len)["input_ids"]]
 
-# %% ../nbs/06_oom.ipynb #9f8fc2dd
+# %% ../nbs/06_oom.ipynb #a2fe561d
 MEASURE_SPEC = dict(hidden_size=128, intermediate_size=352, num_hidden_layers=4)  # the tiny fixture, widened so activations show in RSS
 
 def cpu_train_step(model_path, seq_len: int, batch_size: int, checkpointing="unsloth", lora_rank: int = 16, steps: int = 2) -> dict:
@@ -541,6 +547,7 @@ def cpu_train_step(model_path, seq_len: int, batch_size: int, checkpointing="uns
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null), contextlib.redirect_stderr(null):
         return _cpu_train_step(model_path, seq_len, batch_size, checkpointing, lora_rank, steps)
 
+# %% ../nbs/06_oom.ipynb #11fd9602
 def _cpu_train_step(model_path, seq_len, batch_size, checkpointing, lora_rank, steps) -> dict:
     "The body of `cpu_train_step` (its output silenced by the caller)."
     import time
@@ -607,7 +614,7 @@ def plan_args(p):
     p.add_argument("--optimizer", default="adamw_8bit", help="adamw_8bit or adamw_32bit")
     p.add_argument("--config", default=None, help="training config YAML (the `train` schema) to check")
 
-# %% ../nbs/06_oom.ipynb #9aad6148
+# %% ../nbs/06_oom.ipynb #ccfb4009
 def _read_stats(path) -> dict:
     "Length statistics saved from `unsloth-prep stats`: a JSON object, or captured output whose last line is one."
     p = Path(path)
@@ -622,6 +629,7 @@ def _read_stats(path) -> dict:
         raise ValueError(f"{p}: field suggested_max_seq_length/p95 missing: not the output of `unsloth-prep stats`")
     return st
 
+# %% ../nbs/06_oom.ipynb #5c4e6c1b
 def _stats_from_args(args, scan: dict | None) -> dict | None:
     "Length statistics from --stats, or from the scanned --data (input_ids, or conversations tokenized with --tokenizer)."
     if args.stats: return _read_stats(args.stats)
