@@ -196,7 +196,7 @@ def test_config_that_does_not_fit_the_gpu(tmp_path):
              "trainer": {"per_device_train_batch_size": 1}, "data": {"path": "x"}}
     write_records(tmp_path / "d.jsonl", n=20, seed=49)
     rep = doctor(tmp_path / "d.jsonl", config=big)
-    assert rep.codes == ["config_does_not_fit"] and "recommend(" in rep.findings["config_does_not_fit"].fix
+    assert rep.codes == ["config_does_not_fit"] and "trainer.per_device_train_batch_size: 2" in rep.findings["config_does_not_fit"].fix
     assert doctor(tmp_path / "d.jsonl", config=small).codes == []
 
 
@@ -256,3 +256,28 @@ def test_huge_records_are_named(tmp_path):
     rep = doctor(path)
     assert rep.codes == ["huge_record"] and rep.findings["huge_record"].count == 3
     assert rep.findings["huge_record"].examples == [40, 80, 120] and not rep.errors
+
+
+def test_bos_written_by_the_template_is_information_not_a_warning(tmp_path, variant):
+    # a Llama-3-style tokenizer: encoding adds BOS and the template renders it too. On clean data doctor states the
+    # fact (info) and warns nothing; the rows prepare writes start with exactly one BOS, and doctor finds none doubled.
+    from tokenizers.processors import TemplateProcessing
+    from unsloth_prep.tokenization import prepare
+    import pyarrow.parquet as pq
+    def llama3_like(t):
+        bos = "<|begin_of_text|>"
+        t._tokenizer.post_processor = TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                         special_tokens=[(bos, t.convert_tokens_to_ids(bos))])
+        t.bos_token = bos
+        t.chat_template = "{{ bos_token }}" + CHATML_TEMPLATE
+    path = variant("llama3_like", llama3_like)
+    tok = open_tokenizer(path)
+    assert tok(tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False))["input_ids"][:2] == [tok.bos_token_id] * 2
+    write_records(tmp_path / "clean.jsonl", n=40, seed=52)
+    rep = doctor(tmp_path / "clean.jsonl", tokenizer=tok)
+    assert rep.codes == ["bos_in_template"] and rep.errors == rep.warnings == 0, rep.text()
+    prepare(tmp_path / "clean.jsonl", tok, tmp_path / "p.parquet", max_seq_length=1024)
+    rows = pq.read_table(tmp_path / "p.parquet").to_pylist()
+    assert rows and all(r["input_ids"][0] == tok.bos_token_id != r["input_ids"][1] for r in rows)
+    rep = doctor(tmp_path / "p.parquet", tokenizer=tok)
+    assert "doubled_bos" not in rep.codes and rep.errors == rep.warnings == 0, rep.text()

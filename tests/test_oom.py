@@ -51,17 +51,45 @@ def test_plan_data_with_tokenizer_uses_tokenization_stats(tmp_path):
     _, out = plan("--model", "llama-3.2-1b", "--gpu", "L4", "--data", str(data), "--tokenizer", str(tiny_model()))
     assert out["stats"]["p95"] > 0 and out["from_pretrained"]["max_seq_length"] % 64 == 0
     assert out["from_pretrained"]["max_seq_length"] == out["stats"]["suggested_max_seq_length"]
-    assert {r["check"] for r in out["preflight"]} >= {"text_field", "pad_token", "trust_remote_code", "precision"}
+    assert out["codes"] == [] and out["errors"] == out["warnings"] == 0  # the tiny tokenizer and clean data: no finding
 
 
-def test_plan_preflight_config_warnings(tmp_path):
-    cfg = tmp_path / "train.json"
-    cfg.write_text(json.dumps({"from_pretrained": {"max_seq_length": 2048, "trust_remote_code": True},
-                               "sft_config": {"per_device_train_batch_size": 16, "bf16": True, "group_by_length": True}}))
-    _, out = plan("--model", "llama-3.1-8b", "--gpu", "T4", "--config", str(cfg))
-    warn = {r["check"] for r in out["preflight"] if r["status"] == "warning"}
-    assert {"trust_remote_code", "precision", "per_device_batch", "group_by_length", "sft_max_length"} <= warn
-    assert out["warnings"] == len(warn)
+def test_plan_config_checks(tmp_path):
+    # the training YAML read by the one reader; model and GPU from the config; each problem one finding
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("data: {path: d.parquet}\nmodel: {name: llama-3.1-8b, gpu: T4, trust_remote_code: true, dtype: bfloat16}\n"
+                   "max_seq_length: 2048\ntrainer: {per_device_train_batch_size: 16}\n")
+    _, out = plan("--config", str(cfg))
+    assert out["model"] == "llama-3.1-8b" and out["gpu"] == "T4" and out["from_pretrained"]["max_seq_length"] == 2048
+    assert out["codes"] == ["bf16_unsupported", "config_does_not_fit", "trust_remote_code"]
+    assert (out["errors"], out["warnings"]) == (2, 1)
+    cfg.write_text("data: {path: d.parquet}\nmodel: {name: llama-3.1-8b, gpu: T4}\nmax_seq_length: 2048\n"
+                   "trainer: {per_device_train_batch_size: 1}\n")
+    assert plan("--config", str(cfg))[1]["codes"] == []
+    cfg.write_text("data: {path: d.parquet}\nmodel: {name: llama-3.1-8b}\nmax_seq_length: 2048\nlora: {rank: 8}\n")
+    proc, _ = plan("--config", str(cfg), "--gpu", "T4", check=False)
+    assert proc.returncode == 2 and "did you mean 'lora.r'" in proc.stderr and "train.yaml" in proc.stderr
+
+
+def test_plan_rejects_rules_that_are_not_rules(tmp_path):
+    # a batch of 8 that fits the GPU is not a finding (no "per-device batch <= 2" rule)
+    cfg = tmp_path / "train.yaml"
+    cfg.write_text("data: {path: d.parquet}\nmodel: {name: llama-3.2-1b, gpu: A100-80GB}\nmax_seq_length: 1024\n"
+                   "trainer: {per_device_train_batch_size: 8}\n")
+    assert plan("--config", str(cfg))[1]["codes"] == []
+
+
+def test_scan_data_percentiles_match_numpy(tmp_path):
+    import numpy as np
+    from unsloth_prep.oom import scan_data, _length_stats
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 3000, 137)
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"input_ids": [1] * int(n), "labels": [1] * int(n)}) + "\n" for n in lengths))
+    st = _length_stats(scan_data(p)["lengths"])
+    for q in (50, 95, 99):
+        assert st[f"p{q}"] == int(np.percentile(lengths, q, method="higher")) >= np.percentile(lengths, q)
+    assert st["suggested_max_seq_length"] == int(np.ceil(st["p95"] / 64) * 64)
 
 
 @pytest.mark.parametrize("args, needle", [
