@@ -196,7 +196,7 @@ def test_config_that_does_not_fit_the_gpu(tmp_path):
              "trainer": {"per_device_train_batch_size": 1}, "data": {"path": "x"}}
     write_records(tmp_path / "d.jsonl", n=20, seed=49)
     rep = doctor(tmp_path / "d.jsonl", config=big)
-    assert rep.codes == ["config_does_not_fit"] and "recommend(" in rep.findings["config_does_not_fit"].fix
+    assert rep.codes == ["config_does_not_fit"] and "trainer.per_device_train_batch_size: 2" in rep.findings["config_does_not_fit"].fix
     assert doctor(tmp_path / "d.jsonl", config=small).codes == []
 
 

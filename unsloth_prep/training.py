@@ -9,99 +9,12 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TRAINER_DEFAULTS', 'TOKEN_COLUMNS', 'load_config', 'set_key', 'import_stack',
-           'hardware', 'resolve_settings', 'oom_recommendation', 'check_prepared', 'load_prepared', 'make_collator',
-           'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'build_trainer', 'loss_curve', 'plot_report',
-           'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
+__all__ = ['TOKEN_COLUMNS', 'import_stack', 'hardware', 'resolve_settings', 'oom_recommendation', 'check_prepared',
+           'load_prepared', 'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'build_trainer',
+           'loss_curve', 'plot_report', 'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
 
-# %% ../nbs/07_training.ipynb #2097ce1c
-REQUIRED = object()
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-SCHEMA = {
-    "data": {"path": REQUIRED, "streaming": False},
-    "model": {"name": REQUIRED, "load_in_4bit": "auto", "dtype": "auto", "gpu": None, "trust_remote_code": False,
-              "cpu_threads": None},
-    "template": None,
-    "max_seq_length": REQUIRED,
-    "packing": False,
-    "lora": {"r": 16, "alpha": 16, "dropout": 0.0, "target_modules": LORA_TARGETS, "bias": "none",
-             "use_gradient_checkpointing": "auto", "random_state": 3407, "use_rslora": False,
-             "modules_to_save": None},
-    "trainer": {},
-    "output_dir": "unsloth_prep_run",
-    "generate": {"prompt": "Explain why padding wastes memory.", "max_new_tokens": 24},
-}
-TRAINER_DEFAULTS = dict(max_steps=60, learning_rate=2e-4, warmup_steps=5, lr_scheduler_type="linear", logging_steps=1,
-                        optim="adamw_torch", weight_decay=0.0, seed=3407, report_to="none", save_strategy="no")
-_ALIASES = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "model_name": "name",
-            "max_length": "max_seq_length", "dataset": "data", "train_file": "path", "training": "trainer",
-            "args": "trainer", "peft": "lora"}
-_TYPES = {"trainer": dict, "data.path": (str, list), "data.streaming": bool, "model.name": str,
-          "max_seq_length": int, "packing": bool, "model.cpu_threads": (int, type(None)), "lora.r": int, "lora.alpha": (int, float),
-          "lora.dropout": (int, float), "lora.target_modules": (list, str), "output_dir": str, "template": (str, type(None))}
-
-
-def _where(src) -> str:
-    return str(src) if isinstance(src, (str, Path)) else "config"
-
-
-def _merge(schema: dict, given: dict, src: str, prefix: str = "") -> dict:
-    "Fill defaults from `schema` into `given`; unknown or missing keys raise ValueError naming them."
-    if not isinstance(given, dict):
-        raise ValueError(f"{src}: '{prefix.rstrip('.') or 'config'}' must be a mapping, got {type(given).__name__}")
-    out = {}
-    for k in given:
-        if k not in schema:
-            near = [_ALIASES[k]] if _ALIASES.get(k) in schema else difflib.get_close_matches(k, list(schema), n=1)
-            hint = f"; did you mean '{prefix}{near[0]}'?" if near else ""
-            raise ValueError(f"{src}: unknown key '{prefix}{k}' (allowed in {prefix.rstrip('.') or 'top level'}: "
-                             f"{', '.join(schema)}){hint}")
-    for k, default in schema.items():
-        key = prefix + k
-        if isinstance(default, dict) and k != "trainer":
-            v = given.get(k, {})
-            if v is None and k == "generate": out[k] = None; continue
-            out[k] = _merge(default, v or {}, src, key + ".")
-        elif k in given: out[k] = given[k]
-        elif default is REQUIRED: raise ValueError(f"{src}: missing required key '{key}'")
-        else: out[k] = copy.deepcopy(default)
-        if key in _TYPES and out.get(k) is not None:
-            types = _TYPES[key] if isinstance(_TYPES[key], tuple) else (_TYPES[key],)
-            if not isinstance(out[k], types) or (isinstance(out[k], bool) and bool not in types):
-                raise ValueError(f"{src}: '{key}' must be {' or '.join(t.__name__ for t in types)}, got {out[k]!r}")
-    return out
-
-
-def load_config(src, overrides: dict | None = None) -> dict:
-    "Read a YAML file (or take a dict), apply `overrides` ({'a.b': value}), check every key, fill defaults."
-    import yaml
-    if isinstance(src, (str, Path)):
-        p = Path(src)
-        if not p.exists(): raise FileNotFoundError(f"{p}: config file not found")
-        try: given = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as e: raise ValueError(f"{p}: not valid YAML: {e}") from None
-        base = p.resolve().parent
-    else: given, base = copy.deepcopy(src), None
-    given = {k: v for k, v in given.items() if k != "_source"} if isinstance(given, dict) else given
-    for k, v in (overrides or {}).items(): set_key(given, k, v)
-    cfg = _merge(SCHEMA, given, _where(src))
-    if cfg["max_seq_length"] <= 0: raise ValueError(f"{_where(src)}: 'max_seq_length' must be > 0")
-    if base is not None:  # relative paths in a config file are relative to the file
-        fix = lambda q: q if os.path.isabs(q) or "://" in q else str(base / q)
-        d = cfg["data"]["path"]
-        cfg["data"]["path"] = [fix(q) for q in d] if isinstance(d, list) else fix(d)
-        cfg["output_dir"] = fix(cfg["output_dir"])
-    cfg["_source"] = _where(src) if not isinstance(src, dict) else src.get("_source", "config")
-    return cfg
-
-# %% ../nbs/07_training.ipynb #f46f6e73
-def set_key(cfg: dict, dotted: str, value) -> dict:
-    "Set `a.b.c=value` in a nested config dict (for command-line overrides)."
-    *parents, last = dotted.split(".")
-    d = cfg
-    for p in parents: d = d.setdefault(p, {})
-    d[last] = value
-    return cfg
+# %% ../nbs/07_training.ipynb #f9cc85fa
+from .config import LORA_TARGETS, REQUIRED, SCHEMA, TRAINER_DEFAULTS, load_config, set_key
 
 # %% ../nbs/07_training.ipynb #8f0c6bc4
 def import_stack():
