@@ -27,7 +27,8 @@ def pair_records(n=40):
         prompt = [x for x in m if x["role"] != "assistant"]
         chosen, rejected = m[-1]["content"][:300], recs[n + k]["messages"][-1]["content"][:300]
         if k % 5 == 1:
-            prompt = prompt + [{"role": "assistant", "content": "先说一句。"}, {"role": "user", "content": "继续 please"}]
+            extra = [{"role": "assistant", "content": "先说一句。"}, {"role": "user", "content": "继续 please"}]
+            prompt = prompt + extra
         if k % 5 == 2: chosen, rejected = "\n  " + chosen + " \n", "  " + rejected
         if k % 5 == 3 and prompt[0]["role"] != "system": prompt = [{"role": "system", "content": "Be kind."}] + prompt
         if k % 7 == 4: prompt = [dict(prompt[-1], content=prompt[-1]["content"] * 30)]  # long: cut at max_length
@@ -82,3 +83,41 @@ def test_every_row_every_template(tokenizers, tmp_path, template):
     s, rows = check_all_rows(tok, pairs, "dpo", tmp_path / "cut.parquet", max_length=limit)
     assert s["truncated"] > 0, s
     assert all(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) <= limit for r in rows)
+
+
+CLI = """
+import sys
+from unsloth_prep import cli
+cli.COMMANDS["preference"] = ("unsloth_prep.preference", "prepare preference data")
+sys.exit(cli.main(["preference"] + sys.argv[1:]))
+"""
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-c", CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
+def test_cli_fresh_process(tmp_path):
+    """The command in a fresh process: LLaMA-Factory ranking + KTO registry entries, --verify, and a bad label."""
+    (tmp_path / "rank.json").write_text(json.dumps([
+        {"conversations": [{"from": "system", "value": "Be kind."}, {"from": "human", "value": "Hi"}],
+         "chosen": {"from": "gpt", "value": "Hello!"}, "rejected": {"from": "gpt", "value": "Go."}}]))
+    (tmp_path / "kto.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}], "tag": True},
+        {"messages": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Go"}], "tag": "false"}]))
+    (tmp_path / "dataset_info.json").write_text(json.dumps({
+        "rank": {"file_name": "rank.json", "formatting": "sharegpt", "ranking": True,
+                 "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"}},
+        "kto": {"file_name": "kto.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages", "kto_tag": "tag"}}}))
+    tok = tiny_model()
+    p = run_cli("rank", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "r.parquet", "--verify")
+    assert p.returncode == 0, p.stderr[-2000:]
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (s["task"], s["rows"], s["verified_rows"]) == ("dpo", 1, 1), s
+    p = run_cli("kto", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "k.parquet")
+    assert p.returncode == 2 and "kto.jsonl: line 2: field 'tag' must be a boolean" in p.stderr, p.stderr[-2000:]
+    assert not (tmp_path / "k.parquet").exists()
+    p = run_cli("kto", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "k.parquet", "--on-error", "skip")
+    s = json.loads(p.stdout.strip().splitlines()[-1])
+    assert (s["task"], s["rows"], s["rejected"]) == ("kto", 1, 1), s
+    assert pq.read_table(tmp_path / "k.parquet").column("label").to_pylist() == [True]

@@ -20,7 +20,8 @@ TASKS = ("dpo", "orpo", "kto")
 
 # %% auto #0
 __all__ = ['TASKS', 'detect_task', 'as_example', 'read_examples', 'PairCounts', 'PairTokenizer', 'fit_prompt', 'SideStats',
-           'tokenize_examples', 'orpo_columns', 'verify_pair', 'verify_pairs', 'prepare_preference']
+           'tokenize_examples', 'orpo_columns', 'verify_pair', 'verify_pairs', 'prepare_preference', 'preference_args',
+           'preference_main']
 
 # %% ../nbs/04c_preference.ipynb #35bd9ec0
 def detect_task(rec: dict, mapping: dict | None = None) -> str | None:
@@ -351,3 +352,43 @@ def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int
             "prompt_tokens_cut": counts.prompt_tokens_cut, "rejected": rejects.count,
             "lengths": stats.summary(max_length=max_length) if stats.sides else None,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+# %% ../nbs/04c_preference.ipynb #c25e2a3d
+def preference_args(p):
+    "Arguments of `unsloth-prep prepare --task dpo|orpo|kto`."
+    p.add_argument("data", help="JSONL / JSON array / CSV / Parquet file, glob or folder (or a registered name)")
+    p.add_argument("--tokenizer", required=True, help="local folder of a fast tokenizer (or model)")
+    p.add_argument("--template", default=None, help="Unsloth chat template name; default: the tokenizer's own")
+    p.add_argument("--out", required=True, help="output Parquet file (written atomically)")
+    p.add_argument("--task", default="auto", choices=("auto",) + TASKS, help="auto: kto for labelled records, else dpo")
+    p.add_argument("--max-length", type=int, default=None, help="prompt + longest answer; the prompt is cut first")
+    p.add_argument("--max-prompt-length", type=int, default=None, help="cut prompts to this many tokens (from the left)")
+    p.add_argument("--dataset-info", default=None, help="LLaMA-Factory dataset_info.json (then DATA is its entry name)")
+    p.add_argument("--mapping", default=None, help='JSON: canonical field -> your column, e.g. \'{"chosen": "good"}\'')
+    p.add_argument("--on-error", default="raise", choices=("raise", "skip"), help="invalid records: stop, or skip + count")
+    p.add_argument("--batch-size", type=int, default=1000)
+    p.add_argument("--verify", action="store_true", help="verify every written row against its example")
+
+# %% ../nbs/04c_preference.ipynb #061ce99d
+def preference_main(args) -> dict:
+    "Prepare preference data into the Parquet columns of TRL's DPO/ORPO/KTO trainer; print a summary."
+    tok = load_tokenizer(args.tokenizer, args.template)
+    mapping = json.loads(args.mapping) if args.mapping else None
+    s = prepare_preference(args.data, tok, args.out, args.task, args.max_length, args.max_prompt_length,
+                           mapping=mapping, dataset_info=args.dataset_info, batch_size=args.batch_size,
+                           on_error=args.on_error)
+    print(f"{s['rows']:,} {s['task']} rows: dropped {s['dropped']} {s['dropped_reasons']}, prompt cut in "
+          f"{s['truncated']}, rejected {s['rejected']}")
+    if s["lengths"]:
+        L = s["lengths"]
+        print(f"tokens p95: prompt {L['prompt']['p95']}, prompt + longest answer {L['total']['p95']}; suggested "
+              f"max_length {L['suggested_max_length']}, max_prompt_length {L['suggested_max_prompt_length']}")
+    if args.verify:
+        import pyarrow.parquet as pq
+        _, examples = read_examples(args.data, s["task"], mapping, args.dataset_info, args.on_error)
+        rows = pq.ParquetFile(args.out).iter_batches(batch_size=args.batch_size)
+        rep = verify_pairs((r for b in rows for r in b.to_pylist()), examples,
+                           PairTokenizer(tok, args.max_length, args.max_prompt_length))
+        if not rep["ok"]: raise ValueError(f"{args.out}: pair verifier failed: {rep['problems']} {rep['examples']}")
+        s["verified_rows"] = rep["rows"]
+    return s
