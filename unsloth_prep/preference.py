@@ -21,7 +21,8 @@ TASKS = ("dpo", "orpo", "kto")
 # %% auto #0
 __all__ = ['TASKS', 'detect_task', 'as_example', 'read_examples', 'PairCounts', 'PairTokenizer', 'fit_prompt', 'SideStats',
            'tokenize_examples', 'orpo_columns', 'verify_pair', 'verify_pairs', 'prepare_preference', 'preference_args',
-           'preference_main']
+           'preference_main', 'preference_trainer_class', 'patch_unsloth', 'PreferenceProbe', 'batch_sequences',
+           'prepared_sequences', 'check_batches', 'build_preference_trainer', 'train_preference']
 
 # %% ../nbs/04c_preference.ipynb #35bd9ec0
 def detect_task(rec: dict, mapping: dict | None = None) -> str | None:
@@ -62,7 +63,7 @@ def as_example(rec: dict, task: str = "dpo", mapping: dict | None = None, where:
     ex = loading.normalize_record(rec, "preference", mapping, where)
     return {k: ex[k] for k in ("prompt", "chosen", "rejected")}
 
-# %% ../nbs/04c_preference.ipynb #3f1c4ef6
+# %% ../nbs/04c_preference.ipynb #2f475970
 def _raw_records(data) -> Iterator[tuple[tuple, dict]]:
     "`((source, unit, n), record)`: file and line (or element/row) for files/globs/folders, 'row' for a list."
     if isinstance(data, (list, tuple)):
@@ -86,7 +87,13 @@ def _info_entry(dataset_info, name: str) -> tuple[str, dict]:
     if "kto_tag" in cols: mapping["kto_tag"] = cols["kto_tag"]
     return entry["data"], mapping
 
-# %% ../nbs/04c_preference.ipynb #6b0357d8
+def _unpaired(rec: dict, mapping, where: str):
+    "A pair as two KTO examples: chosen desirable, rejected undesirable (as TRL's `unpair_preference_dataset`)."
+    ex = as_example(rec, "dpo", mapping, where)
+    yield where, {"prompt": ex["prompt"], "completion": ex["chosen"], "label": True}
+    yield where, {"prompt": ex["prompt"], "completion": ex["rejected"], "label": False}
+
+# %% ../nbs/04c_preference.ipynb #8df991ec
 def read_examples(data, task: str = "auto", mapping: dict | None = None, dataset_info=None,
                   on_error: str = "raise", rejects=None) -> tuple[str, Iterator[tuple[str, dict]]]:
     "The task and a stream of `(where, example)`; `dataset_info` makes `data` the name of a registry entry."
@@ -99,14 +106,16 @@ def read_examples(data, task: str = "auto", mapping: dict | None = None, dataset
         if found is None:
             raise ValueError(f"{_where(first[0])}: not a preference record (keys: {sorted(first[1])[:8]})")
         task = found
-    elif found is not None and (found == "kto") != (task == "kto"):
-        raise ValueError(f"{_where(first[0])}: a {found} record cannot be prepared for task {task!r}")
+    elif found == "kto" and task != "kto":
+        raise ValueError(f"{_where(first[0])}: a kto record cannot be prepared for task {task!r}")
     return task, _examples(chain([first], raw), task, mapping, on_error, loading.as_rejects(rejects))
 
 def _examples(raw, task, mapping, on_error, rejects):
     "Normalise each record; raise with its place, or count it in `rejects` (on_error='skip')."
     for place, rec in raw:
-        try: yield _where(place), as_example(rec, task, mapping, _where(place))
+        try:
+            if task == "kto" and detect_task(rec, mapping) == "dpo": yield from _unpaired(rec, mapping, _where(place))
+            else: yield _where(place), as_example(rec, task, mapping, _where(place))
         except ValueError as e:
             if on_error == "raise" or rejects is None: raise
             rejects.add(place[0], place[2], e, json.dumps(rec, ensure_ascii=False, default=str)[:500], place[1])
@@ -326,7 +335,7 @@ EMPTY_COLUMNS = {"dpo": ("prompt_ids", "chosen_ids", "rejected_ids"), "kto": ("p
                  "orpo": ("prompt_input_ids", "prompt_attention_mask", "chosen_input_ids", "chosen_attention_mask",
                           "chosen_labels", "rejected_input_ids", "rejected_attention_mask", "rejected_labels")}
 
-# %% ../nbs/04c_preference.ipynb #a05245a7
+# %% ../nbs/04c_preference.ipynb #c302cab7
 def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int | None = None,
                        max_prompt_length: int | None = None, template: str | None = None, mapping: dict | None = None,
                        dataset_info=None, batch_size: int = 1000, on_error: str = "raise") -> dict:
@@ -347,7 +356,7 @@ def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int
         finally:
             if writer is not None: writer.close()
         if writer is None: pq.write_table(_pa_table(task_columns({}, task)), tmp)
-    return {"out": str(out), "task": task, "records": counts.rows_in + rejects.count, "rows": counts.rows_out,
+    return {"out": str(out), "task": task, "examples": counts.rows_in + rejects.count, "rows": counts.rows_out,
             "dropped": counts.dropped, "dropped_reasons": dict(counts.reasons), "truncated": counts.truncated,
             "prompt_tokens_cut": counts.prompt_tokens_cut, "rejected": rejects.count,
             "lengths": stats.summary(max_length=max_length) if stats.sides else None,
@@ -392,3 +401,161 @@ def preference_main(args) -> dict:
         if not rep["ok"]: raise ValueError(f"{args.out}: pair verifier failed: {rep['problems']} {rep['examples']}")
         s["verified_rows"] = rep["rows"]
     return s
+
+# %% ../nbs/04c_preference.ipynb #0f38cef5
+class _PreparedPairs:
+    "DPO: a dataset that already holds `prompt_ids`/`chosen_ids`/`rejected_ids` skips TRL's tokenization."
+    def _prepare_dataset(self, dataset, *args, **kwargs):
+        if "prompt_ids" in (dataset.column_names or []): return dataset
+        return super()._prepare_dataset(dataset, *args, **kwargs)
+
+class _PreparedKTO:
+    "KTO: prepared `prompt_ids`/`completion_ids`/`label` pass; TRL's KL completions (rotated in each batch) are added."
+    def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
+        if "prompt_ids" not in (dataset.column_names or []):
+            return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
+        if not self.calculate_KL: return dataset
+        def add_kl(batch):
+            batch["KL_completion_ids"] = [batch["completion_ids"][-1]] + batch["completion_ids"][:-1]
+            return batch
+        return dataset.map(add_kl, batched=True, batch_size=args.per_device_train_batch_size)
+
+class _PreparedORPO:
+    "ORPO: rows that already hold `chosen_input_ids`, labels, ... are not tokenized again."
+    def tokenize_row(self, feature, model=None):
+        return feature if "chosen_input_ids" in feature else super().tokenize_row(feature, model)
+
+# %% ../nbs/04c_preference.ipynb #e22619a1
+def preference_trainer_class(task: str):
+    "TRL's trainer and config classes for `task`, the trainer subclassed to take the prepared columns as they are."
+    import trl
+    if task == "dpo": base, conf, mixin = trl.DPOTrainer, trl.DPOConfig, _PreparedPairs
+    elif task == "kto": base, conf, mixin = trl.KTOTrainer, trl.KTOConfig, _PreparedKTO
+    elif task == "orpo":
+        from trl.experimental.orpo import ORPOConfig as conf, ORPOTrainer as base
+        mixin = _PreparedORPO
+    else: raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    return type(f"Prepared{base.__name__}", (mixin, base), {}), conf
+
+def patch_unsloth(task: str) -> str:
+    "Apply Unsloth's preference-trainer patch where the installed Unsloth exports it; say what was done."
+    import unsloth
+    name = "PatchKTOTrainer" if task == "kto" else "PatchDPOTrainer"
+    fn = getattr(unsloth, name, None)
+    if fn is None: return f"unsloth.{name} is not available here (CPU backend): TRL's trainer on Unsloth's LoRA model"
+    fn()
+    return f"unsloth.{name}() applied"
+
+# %% ../nbs/04c_preference.ipynb #ab38bcb8
+class PreferenceProbe:
+    "Wraps a trainer's collator: keeps the first `keep` `(features, batch)` it builds and counts all batches."
+    def __init__(self, collator, keep: int = 2):
+        self.collator, self.keep, self.kept, self.batches = collator, keep, [], 0
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        self.batches += 1
+        if len(self.kept) < self.keep: self.kept.append((features, {k: v for k, v in batch.items()}))
+        return batch
+
+# %% ../nbs/04c_preference.ipynb #d147be6e
+def batch_sequences(task: str, batch: dict) -> list:
+    "`(prompt + answer ids, answer ids)` of each sequence of a collated batch, padding removed."
+    if task == "orpo":
+        parts = [(batch[f"{s}_input_ids"], batch[f"{s}_attention_mask"], batch[f"{s}_labels"] != -100)
+                 for s in ("chosen", "rejected")]
+    else: parts = [(batch["input_ids"], batch["attention_mask"], batch["completion_mask"])]
+    out = []
+    for ids, mask, trained in parts:
+        for i in range(ids.shape[0]):
+            out.append((tuple(ids[i][mask[i].bool()].tolist()), tuple(ids[i][trained[i].bool()].tolist())))
+    return out
+
+def prepared_sequences(rows: Iterable[dict], task: str) -> set:
+    "The `(prompt + answer ids, answer ids)` sequences that prepared rows must give."
+    out = set()
+    for r in rows:
+        p = r["prompt_input_ids"] if task == "orpo" else r["prompt_ids"]
+        for k in ("completion",) if task == "kto" else ("chosen", "rejected"):
+            a = r[f"{k}_input_ids"][len(p):] if task == "orpo" else r[f"{k}_ids"]
+            out.add((tuple(p + a), tuple(a)))
+    return out
+
+def check_batches(probe: PreferenceProbe, rows: Iterable[dict], task: str) -> dict:
+    "Do the kept batches carry exactly the prepared ids (each sequence a prepared prompt + answer, answer trained)?"
+    want = prepared_sequences(rows, task)
+    got = [s for _, b in probe.kept for s in batch_sequences(task, b)]
+    bad = [s for s in got if s not in want]
+    return {"batches": len(probe.kept), "sequences": len(got), "exact": bool(got) and not bad, "not_prepared": len(bad)}
+
+# %% ../nbs/04c_preference.ipynb #7abf8875
+REFS = ("adapter", "model", "precomputed")
+
+def _load_rows(cfg: dict, task: str):
+    "The prepared Parquet as a Dataset, its columns checked for `task`."
+    from datasets import load_dataset
+    files = loading.resolve_files(cfg["data"]["path"])
+    ds = load_dataset("parquet", data_files=files, split="train")
+    missing = [c for c in EMPTY_COLUMNS[task] if c not in ds.column_names]
+    if missing: raise ValueError(f"{files[0]}: missing column(s) {missing} for task {task!r} (have {ds.column_names}); "
+                                 f"run `unsloth-prep prepare --task {task}` first")
+    return ds
+
+def _trainer_args(conf, cfg: dict, settings: dict, hw: dict, task: str, ref: str):
+    "The task's TRL config from the `trainer:` section; precision by hardware, rows already cut to length."
+    import dataclasses
+    fields = {f.name for f in dataclasses.fields(conf)}
+    bad = [k for k in cfg["trainer"] if k not in fields]
+    if bad: raise ValueError(f"{cfg['_source']}: unknown key 'trainer.{bad[0]}' (not a {conf.__name__} argument)")
+    kw = dict(settings["trainer"], output_dir=str(Path(cfg["output_dir"]) / "checkpoints"), remove_unused_columns=False,
+              bf16=settings["dtype"] == "bfloat16" and hw["device"] == "cuda",
+              fp16=settings["dtype"] == "float16" and hw["device"] == "cuda", dataloader_num_workers=0)
+    kw["max_length"] = cfg["max_seq_length"] if task == "orpo" else None  # DPO/KTO: the rows already fit
+    if ref == "precomputed": kw["precompute_ref_log_probs"] = True
+    return conf(**kw)
+
+def _reference_copy(cfg: dict, settings: dict):
+    "A separate frozen copy of the base model (no adapter) as the reference."
+    import torch
+    from transformers import AutoModelForCausalLM
+    ref = AutoModelForCausalLM.from_pretrained(cfg["model"]["name"], dtype=getattr(torch, settings["dtype"]))
+    return ref.eval().requires_grad_(False)
+
+# %% ../nbs/04c_preference.ipynb #6aeacb47
+def build_preference_trainer(config, task: str | None = None, ref: str = "adapter", keep_batches: int = 2,
+                             callbacks=None):
+    "Unsloth model + LoRA and TRL's DPO/ORPO/KTO trainer on prepared Parquet (not tokenized again), with a probe."
+    from unsloth_prep import training
+    from unsloth_prep.config import load_config
+    cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
+    task = task or cfg.get("task")
+    if task not in TASKS: raise ValueError(f"{cfg['_source']}: task must be one of {TASKS}, got {task!r}")
+    if ref not in REFS: raise ValueError(f"ref must be one of {REFS}, got {ref!r}")
+    training.import_stack()  # unsloth first, then torch and trl
+    patched = patch_unsloth(task)
+    hw = training.hardware()
+    settings = training.resolve_settings(cfg, hw)
+    trainer_cls, conf = preference_trainer_class(task)
+    args = _trainer_args(conf, cfg, settings, hw, task, ref)
+    ds = _load_rows(cfg, task)
+    model, tok = training.load_model(cfg, settings)
+    kw = {} if task == "orpo" else {"ref_model": _reference_copy(cfg, settings) if ref == "model" else None}
+    trainer = trainer_cls(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks, **kw)
+    trainer.data_collator = PreferenceProbe(trainer.data_collator, keep_batches)
+    return trainer, {"cfg": cfg, "task": task, "ref": ref, "patch": patched, "hw": hw, "rows": ds}
+
+# %% ../nbs/04c_preference.ipynb #10e78c50
+def train_preference(config, task: str | None = None, ref: str = "adapter", keep_batches: int = 2) -> dict:
+    "Build the trainer, train, save the adapter; report losses, whether the batches carry the prepared ids, time."
+    t0 = time.perf_counter()
+    trainer, ctx = build_preference_trainer(config, task, ref, keep_batches)
+    t1 = time.perf_counter()
+    trainer.train()
+    out = Path(ctx["cfg"]["output_dir"]) / "adapter"
+    trainer.save_model(str(out))
+    logs = trainer.state.log_history
+    return {"task": ctx["task"], "ref": ref, "unsloth_patch": ctx["patch"], "device": ctx["hw"]["device"],
+            "steps": trainer.state.global_step, "losses": [round(h["loss"], 4) for h in logs if "loss" in h],
+            "batches": check_batches(trainer.data_collator, ctx["rows"], ctx["task"]),
+            "model": type(trainer.model).__name__, "adapter": str(out),
+            "setup_seconds": round(t1 - t0, 2), "train_seconds": round(time.perf_counter() - t1, 2)}
