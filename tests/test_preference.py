@@ -121,3 +121,36 @@ def test_cli_fresh_process(tmp_path):
     s = json.loads(p.stdout.strip().splitlines()[-1])
     assert (s["task"], s["rows"], s["rejected"]) == ("kto", 1, 1), s
     assert pq.read_table(tmp_path / "k.parquet").column("label").to_pylist() == [True]
+
+
+TRAIN = r"""
+import json, sys
+from pathlib import Path
+from unsloth_prep.fixtures import tiny_model
+from unsloth_prep.preference import prepare_preference, train_preference
+from unsloth_prep.tokenization import load_tokenizer
+tmp = Path(sys.argv[1])
+recs = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Question {i}: 你好?"}],
+         "chosen": f"Hi number {i}!", "rejected": "No."} for i in range(6)]
+out = {}
+for task in ("dpo", "kto", "orpo"):
+    data = tmp / f"{task}.parquet"
+    prepare_preference(recs, load_tokenizer(tiny_model()), data, task=task)
+    cfg = {"model": {"name": str(tiny_model())}, "data": {"path": str(data)}, "max_seq_length": 128,
+           "lora": {"r": 4, "target_modules": ["q_proj", "v_proj"]}, "output_dir": str(tmp / task),
+           "trainer": {"max_steps": 2, "per_device_train_batch_size": 2}}
+    out[task] = train_preference(cfg, task)
+print(json.dumps(out))
+"""
+
+
+def test_train_each_task_fresh_process(tmp_path):
+    """Two steps of DPO, KTO (from the same pairs, unpaired) and ORPO on the tiny model: the batches the trainer's
+    collator builds hold exactly the prepared ids (a re-tokenized or shifted row fails), and the adapter is saved."""
+    p = subprocess.run([sys.executable, "-c", TRAIN, str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    reports = json.loads(p.stdout.strip().splitlines()[-1])
+    for task, r in reports.items():
+        assert r["steps"] == 2 and len(r["losses"]) == 2, (task, r)
+        assert r["batches"]["exact"] and r["batches"]["sequences"] >= 4, (task, r)
+        assert (tmp_path / task / "adapter" / "adapter_config.json").exists()
