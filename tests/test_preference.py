@@ -154,3 +154,43 @@ def test_train_each_task_fresh_process(tmp_path):
         assert r["steps"] == 2 and len(r["losses"]) == 2, (task, r)
         assert r["batches"]["exact"] and r["batches"]["sequences"] >= 4, (task, r)
         assert (tmp_path / task / "adapter" / "adapter_config.json").exists()
+
+
+U = lambda t: {"role": "user", "content": t}  # noqa: E731
+A = lambda t: {"role": "assistant", "content": t}  # noqa: E731
+Q = "Explain why the sky looks blue at noon, please."
+DEFECTS = {  # code: (record that has it, the same record fixed)
+    "chosen_equals_rejected": ({"prompt": Q, "chosen": "Scattering.", "rejected": " Scattering. "},
+                               {"prompt": Q, "chosen": "Scattering.", "rejected": "Magic."}),
+    "preference_empty_response": ({"prompt": Q, "chosen": "Scattering.", "rejected": "  \n"},
+                                  {"prompt": Q, "chosen": "Scattering.", "rejected": "No."}),
+    "response_repeats_prompt": ({"prompt": Q, "chosen": Q + " Scattering.", "rejected": "No."},
+                                {"prompt": Q, "chosen": "Scattering.", "rejected": "No."}),
+    "prompt_mismatch": ({"chosen": [U(Q), A("Scattering.")], "rejected": [U("Other?"), A("No.")]},
+                        {"chosen": [U(Q), A("Scattering.")], "rejected": [U(Q), A("No.")]}),
+    "pair_truncated": ({"prompt": Q * 20, "chosen": "Scattering.", "rejected": "No."},
+                       {"prompt": Q, "chosen": "Scattering.", "rejected": "No."}),
+    "pair_dropped": ({"prompt": Q, "chosen": "Scattering. " * 40, "rejected": "No."},
+                     {"prompt": Q, "chosen": "Scattering.", "rejected": "No."}),
+    "kto_label_type": ({"prompt": Q, "completion": "Scattering.", "label": "false"},
+                       {"prompt": Q, "completion": "Scattering.", "label": False}),
+    "preference_invalid": ({"prompt": Q, "chosen": [U("not an answer")], "rejected": "No."},
+                           {"prompt": Q, "chosen": "Scattering.", "rejected": "No."}),
+}
+
+
+@pytest.mark.parametrize("code", sorted(DEFECTS))
+def test_doctor_check_fires_and_not(tmp_path, code):
+    """Each preference check names the line of its planted defect and its fix, and is silent on the fixed record."""
+    from unsloth_prep.preference import check_preference
+    bad, good = DEFECTS[code]
+    clean = [{"prompt": [U(f"Question {i}?")], "chosen": f"Answer {i}.", "rejected": "I don't know."} for i in range(5)]
+    if code == "kto_label_type": clean = [{"prompt": f"Q{i}?", "completion": "A.", "label": True} for i in range(5)]
+    path = tmp_path / "data.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in clean[:3] + [bad] + clean[3:]))
+    tok = load_tokenizer(tiny_model())
+    found = check_preference(path, tok, max_length=96)
+    assert [f.code for f in found] == [code], [(f.code, f.detail) for f in found]
+    assert found[0].examples == [f"{path}: line 4"] and found[0].fix, found[0]
+    path.write_text("\n".join(json.dumps(r) for r in clean[:3] + [good] + clean[3:]))
+    assert check_preference(path, tok, max_length=96) == []

@@ -19,10 +19,13 @@ from .tokenization import ChatTokenizer, UNSLOTH_TEMPLATES, load_tokenizer, roun
 TASKS = ("dpo", "orpo", "kto")
 
 # %% auto #0
-__all__ = ['TASKS', 'detect_task', 'as_example', 'read_examples', 'PairCounts', 'PairTokenizer', 'fit_prompt', 'SideStats',
-           'tokenize_examples', 'orpo_columns', 'verify_pair', 'verify_pairs', 'prepare_preference', 'preference_args',
-           'preference_main', 'preference_trainer_class', 'patch_unsloth', 'PreferenceProbe', 'batch_sequences',
-           'prepared_sequences', 'check_batches', 'build_preference_trainer', 'train_preference']
+__all__ = ['TASKS', 'PREFERENCE_CHECKS', 'detect_task', 'as_example', 'read_examples', 'PairCounts', 'PairTokenizer',
+           'fit_prompt', 'SideStats', 'tokenize_examples', 'orpo_columns', 'verify_pair', 'verify_pairs',
+           'prepare_preference', 'preference_args', 'preference_main', 'preference_trainer_class', 'patch_unsloth',
+           'PreferenceProbe', 'batch_sequences', 'prepared_sequences', 'check_batches', 'build_preference_trainer',
+           'train_preference', 'scan_preference', 'chosen_equals_rejected', 'preference_empty_response',
+           'response_repeats_prompt', 'prompt_mismatch', 'pair_truncated', 'pair_dropped', 'kto_label_type',
+           'preference_invalid', 'check_preference']
 
 # %% ../nbs/04c_preference.ipynb #35bd9ec0
 def detect_task(rec: dict, mapping: dict | None = None) -> str | None:
@@ -559,3 +562,131 @@ def train_preference(config, task: str | None = None, ref: str = "adapter", keep
             "batches": check_batches(trainer.data_collator, ctx["rows"], ctx["task"]),
             "model": type(trainer.model).__name__, "adapter": str(out),
             "setup_seconds": round(t1 - t0, 2), "train_seconds": round(time.perf_counter() - t1, 2)}
+
+# %% ../nbs/04c_preference.ipynb #2c3a9051
+PREFERENCE_CHECKS = ("chosen_equals_rejected", "preference_empty_response", "response_repeats_prompt",
+                     "prompt_mismatch", "pair_truncated", "pair_dropped", "kto_label_type", "preference_invalid")
+_REWRITE = "fix or drop these records in the source file (the lines are listed)"
+
+# %% ../nbs/04c_preference.ipynb #3815a532
+def _text(msgs) -> str:
+    "The content of a list of messages, stripped."
+    return "\n".join(m["content"] for m in msgs).strip()
+
+def _answer_problems(ex: dict) -> list:
+    "Codes of what is wrong with the answers of one example."
+    out, keys = [], _response_keys(ex)
+    answers = [_text(ex[k]) for k in keys]
+    if any(not a for a in answers): out.append("preference_empty_response")
+    if len(answers) == 2 and answers[0] and answers[0] == answers[1]: out.append("chosen_equals_rejected")
+    users = [m["content"].strip() for m in ex["prompt"] if m["role"] == "user"]
+    u = users[-1] if users else ""
+    if u and any(a == u or (len(u) >= 20 and u in a) for a in answers): out.append("response_repeats_prompt")
+    return out
+
+def _prompt_mismatch(rec: dict) -> bool:
+    "A pair given as two whole conversations whose turns before the answer differ."
+    c, r = rec.get("chosen"), rec.get("rejected")
+    return ("prompt" not in rec and isinstance(c, list) and isinstance(r, list) and len(c) > 1 and len(r) > 1
+            and c[:-1] != r[:-1])
+
+# %% ../nbs/04c_preference.ipynb #360e9ad0
+def _examples_of(rec: dict, task: str, mapping) -> list:
+    "The examples one record gives for `task` (a pair gives two for KTO)."
+    t = task if task != "auto" else (detect_task(rec, mapping) or "dpo")
+    if t == "kto" and detect_task(rec, mapping) == "dpo": return [ex for _, ex in _unpaired(rec, mapping, "record")]
+    return [as_example(rec, t, mapping)]
+
+def _fit_codes(pt: PairTokenizer, exs: list, stats: SideStats) -> list:
+    "'pair_truncated' / 'pair_dropped' for examples that `max_length` cuts or drops."
+    out = []
+    for _, _, prompt, answers, _ in _tokenize_batch(pt, [("record", ex) for ex in exs], stats):
+        fitted, how = fit_prompt(prompt, [len(a) for a in answers.values()], pt.max_length, pt.max_prompt_length,
+                                 pt.bos_id)
+        if how: out.append("pair_dropped" if fitted is None else "pair_truncated")
+    return out
+
+def _record_codes(rec: dict, task: str, mapping, pt, stats) -> list:
+    "Codes of every problem of one raw record."
+    if _prompt_mismatch(rec): return ["prompt_mismatch"]
+    try: exs = _examples_of(rec, task, mapping)
+    except ValueError as e: return ["kto_label_type" if "must be a boolean" in str(e) else "preference_invalid"]
+    codes = [c for ex in exs for c in _answer_problems(ex)]
+    if pt is not None: codes += _fit_codes(pt, exs, stats)
+    return list(dict.fromkeys(codes))
+
+# %% ../nbs/04c_preference.ipynb #7f7faf46
+def scan_preference(data, tokenizer=None, max_length: int | None = None, max_prompt_length: int | None = None,
+                    task: str = "auto", mapping: dict | None = None, dataset_info=None, keep: int = 5) -> dict:
+    "One pass over preference records: `{records, found: {code: {n, where: [first places]}}, lengths}`."
+    if dataset_info is not None: data, mapping = _info_entry(dataset_info, data)
+    pt = PairTokenizer(tokenizer, max_length, max_prompt_length) if tokenizer is not None else None
+    found, n, stats = {}, 0, SideStats()
+    for place, rec in _raw_records(data):
+        n += 1
+        for code in _record_codes(rec, task, mapping, pt, stats):
+            f = found.setdefault(code, {"n": 0, "where": []})
+            f["n"] += 1
+            if len(f["where"]) < keep: f["where"].append(_where(place))
+    lengths = stats.summary(max_length=max_length) if stats.sides else None
+    return {"records": n, "found": found, "max_length": max_length, "lengths": lengths}
+
+# %% ../nbs/04c_preference.ipynb #adc0ba2d
+def _found(ctx: Context, code: str, fix: str | None = None):
+    "A hit for `code` from the preference scan in `ctx`: count, first places, and the fix."
+    s = ctx.info.get("preference")
+    f = s["found"].get(code) if s else None
+    if not f: return None
+    more = f" (+{f['n'] - len(f['where'])} more)" if f["n"] > len(f["where"]) else ""
+    return hit(f"{f['n']} of {s['records']} records: {'; '.join(f['where'])}{more}", where=f["where"][0], n=f["n"],
+               fix=fix)
+
+def _length_fix(ctx: Context) -> str | None:
+    "The suggested `max_length` from the scan's percentiles, as a fix."
+    L = (ctx.info.get("preference") or {}).get("lengths")
+    if not L: return None
+    return (f"`--max-length {max(L['suggested_max_length'], ctx.info['preference']['max_length'] or 0)}` "
+            f"(p{L['percentile']:g} of prompt + longest answer, rounded up), or accept it")
+
+# %% ../nbs/04c_preference.ipynb #124bd80a
+@register("chosen_equals_rejected", "warning", "pairs whose chosen and rejected answers are the same text: nothing "
+          "to prefer, the DPO loss stays at log 2 for them", "drop these pairs or give them a different rejected answer")
+def chosen_equals_rejected(ctx: Context): return _found(ctx, "chosen_equals_rejected")
+
+@register("preference_empty_response", "error", "empty or whitespace-only answers in preference data: the model is "
+          "pushed towards (or away from) saying nothing", "drop these records or write the missing answer")
+def preference_empty_response(ctx: Context): return _found(ctx, "preference_empty_response")
+
+@register("response_repeats_prompt", "warning", "answers that repeat the user's prompt: usually a column mix-up (the "
+          "prompt copied into the answer)", "check the column mapping (`--mapping`) and these records")
+def response_repeats_prompt(ctx: Context): return _found(ctx, "response_repeats_prompt")
+
+@register("prompt_mismatch", "error", "pairs given as two conversations whose turns before the answer differ: the "
+          "halves do not answer the same prompt", "give both halves the same leading turns, or a separate `prompt`")
+def prompt_mismatch(ctx: Context): return _found(ctx, "prompt_mismatch")
+
+# %% ../nbs/04c_preference.ipynb #8ded50ee
+@register("pair_truncated", "info", "pairs longer than max_length: the prompt loses tokens from the left, the answers "
+          "stay whole", "raise `max_length`")
+def pair_truncated(ctx: Context): return _found(ctx, "pair_truncated", _length_fix(ctx))
+
+@register("pair_dropped", "warning", "pairs whose answers alone do not fit max_length: `prepare` drops them",
+          "raise `max_length`")
+def pair_dropped(ctx: Context): return _found(ctx, "pair_dropped", _length_fix(ctx))
+
+@register("kto_label_type", "error", "KTO labels that are not booleans (\"yes\", 1, \"false\"): the string \"false\" "
+          "counts as desirable", "write the label as JSON true/false")
+def kto_label_type(ctx: Context): return _found(ctx, "kto_label_type")
+
+@register("preference_invalid", "error", "records that are not a preference pair or KTO example (a missing field, "
+          "an answer that is not an assistant turn)", _REWRITE)
+def preference_invalid(ctx: Context): return _found(ctx, "preference_invalid")
+
+# %% ../nbs/04c_preference.ipynb #1b6f748a
+def check_preference(data, tokenizer=None, max_length: int | None = None, max_prompt_length: int | None = None,
+                     task: str = "auto", template: str | None = None, mapping: dict | None = None,
+                     dataset_info=None) -> list:
+    "Findings of the preference checks on a file/glob/folder, a registry entry or a list of records (errors first)."
+    if isinstance(tokenizer, (str, os.PathLike)): tokenizer = load_tokenizer(tokenizer, template)
+    scan = scan_preference(data, tokenizer, max_length, max_prompt_length, task, mapping, dataset_info)
+    return run_checks(Context(tok=tokenizer, max_seq_length=max_length, info={"preference": scan}), PREFERENCE_CHECKS)
