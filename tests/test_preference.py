@@ -108,7 +108,8 @@ def test_cli_fresh_process(tmp_path):
     (tmp_path / "dataset_info.json").write_text(json.dumps({
         "rank": {"file_name": "rank.json", "formatting": "sharegpt", "ranking": True,
                  "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"}},
-        "kto": {"file_name": "kto.jsonl", "formatting": "sharegpt", "columns": {"messages": "messages", "kto_tag": "tag"}}}))
+        "kto": {"file_name": "kto.jsonl", "formatting": "sharegpt",
+                "columns": {"messages": "messages", "kto_tag": "tag"}}}))
     tok = tiny_model()
     p = run_cli("rank", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "r.parquet", "--verify")
     assert p.returncode == 0, p.stderr[-2000:]
@@ -117,7 +118,8 @@ def test_cli_fresh_process(tmp_path):
     p = run_cli("kto", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "k.parquet")
     assert p.returncode == 2 and "kto.jsonl: line 2: field 'tag' must be a boolean" in p.stderr, p.stderr[-2000:]
     assert not (tmp_path / "k.parquet").exists()
-    p = run_cli("kto", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "k.parquet", "--on-error", "skip")
+    p = run_cli("kto", "--dataset-info", tmp_path, "--tokenizer", tok, "--out", tmp_path / "k.parquet",
+                "--on-error", "skip")
     s = json.loads(p.stdout.strip().splitlines()[-1])
     assert (s["task"], s["rows"], s["rejected"]) == ("kto", 1, 1), s
     assert pq.read_table(tmp_path / "k.parquet").column("label").to_pylist() == [True]

@@ -19,13 +19,13 @@ from .tokenization import ChatTokenizer, UNSLOTH_TEMPLATES, load_tokenizer, roun
 TASKS = ("dpo", "orpo", "kto")
 
 # %% auto #0
-__all__ = ['TASKS', 'PREFERENCE_CHECKS', 'detect_task', 'as_example', 'read_examples', 'PairCounts', 'PairTokenizer',
-           'fit_prompt', 'SideStats', 'tokenize_examples', 'orpo_columns', 'verify_pair', 'verify_pairs',
-           'prepare_preference', 'preference_args', 'preference_main', 'preference_trainer_class', 'patch_unsloth',
-           'PreferenceProbe', 'batch_sequences', 'prepared_sequences', 'check_batches', 'build_preference_trainer',
-           'train_preference', 'scan_preference', 'chosen_equals_rejected', 'preference_empty_response',
-           'response_repeats_prompt', 'prompt_mismatch', 'pair_truncated', 'pair_dropped', 'kto_label_type',
-           'preference_invalid', 'check_preference']
+__all__ = ['TASKS', 'PREFERENCE_CHECKS', 'SEQUENCES_PER_EXAMPLE', 'detect_task', 'as_example', 'read_examples', 'PairCounts',
+           'PairTokenizer', 'fit_prompt', 'SideStats', 'tokenize_examples', 'orpo_columns', 'verify_pair',
+           'verify_pairs', 'prepare_preference', 'preference_args', 'preference_main', 'preference_trainer_class',
+           'patch_unsloth', 'PreferenceProbe', 'batch_sequences', 'prepared_sequences', 'check_batches',
+           'build_preference_trainer', 'train_preference', 'scan_preference', 'chosen_equals_rejected',
+           'preference_empty_response', 'response_repeats_prompt', 'prompt_mismatch', 'pair_truncated', 'pair_dropped',
+           'kto_label_type', 'preference_invalid', 'check_preference', 'reference_memory_gb']
 
 # %% ../nbs/04c_preference.ipynb #35bd9ec0
 def detect_task(rec: dict, mapping: dict | None = None) -> str | None:
@@ -66,7 +66,7 @@ def as_example(rec: dict, task: str = "dpo", mapping: dict | None = None, where:
     ex = loading.normalize_record(rec, "preference", mapping, where)
     return {k: ex[k] for k in ("prompt", "chosen", "rejected")}
 
-# %% ../nbs/04c_preference.ipynb #2f475970
+# %% ../nbs/04c_preference.ipynb #054a5166
 def _raw_records(data) -> Iterator[tuple[tuple, dict]]:
     "`((source, unit, n), record)`: file and line (or element/row) for files/globs/folders, 'row' for a list."
     if isinstance(data, (list, tuple)):
@@ -81,6 +81,7 @@ def _where(place: tuple) -> str:
     "'file: line N' of a `(source, unit, n)` place."
     return f"{place[0]}: {place[1]} {place[2]}"
 
+# %% ../nbs/04c_preference.ipynb #dc20edc0
 def _info_entry(dataset_info, name: str) -> tuple[str, dict]:
     "Data path and mapping of a LLaMA-Factory registry entry, the `kto_tag` column included."
     entry = loading.read_dataset_info(dataset_info, name)
@@ -90,6 +91,7 @@ def _info_entry(dataset_info, name: str) -> tuple[str, dict]:
     if "kto_tag" in cols: mapping["kto_tag"] = cols["kto_tag"]
     return entry["data"], mapping
 
+# %% ../nbs/04c_preference.ipynb #62f4fcf7
 def _unpaired(rec: dict, mapping, where: str):
     "A pair as two KTO examples: chosen desirable, rejected undesirable (as TRL's `unpair_preference_dataset`)."
     ex = as_example(rec, "dpo", mapping, where)
@@ -270,7 +272,7 @@ def orpo_columns(cols: dict) -> dict:
         out[f"{side}_labels"] = [[-100] * len(p) + a for p, a in zip(cols["prompt_ids"], cols[f"{side}_ids"])]
     return out
 
-# %% ../nbs/04c_preference.ipynb #74a0eaea
+# %% ../nbs/04c_preference.ipynb #51a2e45c
 def _row_halves(row: dict) -> tuple[list, dict, list]:
     "`(prompt ids, {answer name: ids}, problems)` of a DPO, KTO or ORPO row."
     if "prompt_ids" in row:
@@ -284,6 +286,7 @@ def _row_halves(row: dict) -> tuple[list, dict, list]:
         answers[k] = ids[len(p):]
     return p, answers, bad
 
+# %% ../nbs/04c_preference.ipynb #54aee9b0
 def _check_answer(pt, ex: dict, key: str, p_text: str, ids: list) -> str | None:
     "What is wrong with one answer's ids, or None."
     full = pt.renderer.render(ex["prompt"] + ex[key])
@@ -365,7 +368,7 @@ def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int
             "lengths": stats.summary(max_length=max_length) if stats.sides else None,
             "seconds": round(time.perf_counter() - t0, 3)}
 
-# %% ../nbs/04c_preference.ipynb #c25e2a3d
+# %% ../nbs/04c_preference.ipynb #b94c6f90
 def preference_args(p):
     "Arguments of `unsloth-prep prepare --task dpo|orpo|kto`."
     p.add_argument("data", help="JSONL / JSON array / CSV / Parquet file, glob or folder (or a registered name)")
@@ -374,10 +377,10 @@ def preference_args(p):
     p.add_argument("--out", required=True, help="output Parquet file (written atomically)")
     p.add_argument("--task", default="auto", choices=("auto",) + TASKS, help="auto: kto for labelled records, else dpo")
     p.add_argument("--max-length", type=int, default=None, help="prompt + longest answer; the prompt is cut first")
-    p.add_argument("--max-prompt-length", type=int, default=None, help="cut prompts to this many tokens (from the left)")
+    p.add_argument("--max-prompt-length", type=int, default=None, help="cut prompts to this many tokens (left first)")
     p.add_argument("--dataset-info", default=None, help="LLaMA-Factory dataset_info.json (then DATA is its entry name)")
     p.add_argument("--mapping", default=None, help='JSON: canonical field -> your column, e.g. \'{"chosen": "good"}\'')
-    p.add_argument("--on-error", default="raise", choices=("raise", "skip"), help="invalid records: stop, or skip + count")
+    p.add_argument("--on-error", default="raise", choices=("raise", "skip"), help="invalid records: stop, or skip")
     p.add_argument("--batch-size", type=int, default=1000)
     p.add_argument("--verify", action="store_true", help="verify every written row against its example")
 
@@ -461,7 +464,7 @@ class PreferenceProbe:
         if len(self.kept) < self.keep: self.kept.append((features, {k: v for k, v in batch.items()}))
         return batch
 
-# %% ../nbs/04c_preference.ipynb #d147be6e
+# %% ../nbs/04c_preference.ipynb #b3e1ac53
 def batch_sequences(task: str, batch: dict) -> list:
     "`(prompt + answer ids, answer ids)` of each sequence of a collated batch, padding removed."
     if task == "orpo":
@@ -484,6 +487,7 @@ def prepared_sequences(rows: Iterable[dict], task: str) -> set:
             out.add((tuple(p + a), tuple(a)))
     return out
 
+# %% ../nbs/04c_preference.ipynb #e1c701eb
 def check_batches(probe: PreferenceProbe, rows: Iterable[dict], task: str) -> dict:
     "Do the kept batches carry exactly the prepared ids (each sequence a prepared prompt + answer, answer trained)?"
     want = prepared_sequences(rows, task)
@@ -491,7 +495,7 @@ def check_batches(probe: PreferenceProbe, rows: Iterable[dict], task: str) -> di
     bad = [s for s in got if s not in want]
     return {"batches": len(probe.kept), "sequences": len(got), "exact": bool(got) and not bad, "not_prepared": len(bad)}
 
-# %% ../nbs/04c_preference.ipynb #7abf8875
+# %% ../nbs/04c_preference.ipynb #5a0e3a5c
 REFS = ("adapter", "model", "precomputed")
 
 def _load_rows(cfg: dict, task: str):
@@ -504,6 +508,7 @@ def _load_rows(cfg: dict, task: str):
                                  f"run `unsloth-prep prepare --task {task}` first")
     return ds
 
+# %% ../nbs/04c_preference.ipynb #34319489
 def _trainer_args(conf, cfg: dict, settings: dict, hw: dict, task: str, ref: str):
     "The task's TRL config from the `trainer:` section; precision by hardware, rows already cut to length."
     import dataclasses
@@ -648,9 +653,9 @@ def _length_fix(ctx: Context) -> str | None:
     return (f"`--max-length {max(L['suggested_max_length'], ctx.info['preference']['max_length'] or 0)}` "
             f"(p{L['percentile']:g} of prompt + longest answer, rounded up), or accept it")
 
-# %% ../nbs/04c_preference.ipynb #124bd80a
+# %% ../nbs/04c_preference.ipynb #90109a3d
 @register("chosen_equals_rejected", "warning", "pairs whose chosen and rejected answers are the same text: nothing "
-          "to prefer, the DPO loss stays at log 2 for them", "drop these pairs or give them a different rejected answer")
+          "to prefer, the DPO loss stays at log 2 for them", "drop these pairs or write a different rejected answer")
 def chosen_equals_rejected(ctx: Context): return _found(ctx, "chosen_equals_rejected")
 
 @register("preference_empty_response", "error", "empty or whitespace-only answers in preference data: the model is "
@@ -690,3 +695,16 @@ def check_preference(data, tokenizer=None, max_length: int | None = None, max_pr
     if isinstance(tokenizer, (str, os.PathLike)): tokenizer = load_tokenizer(tokenizer, template)
     scan = scan_preference(data, tokenizer, max_length, max_prompt_length, task, mapping, dataset_info)
     return run_checks(Context(tok=tokenizer, max_seq_length=max_length, info={"preference": scan}), PREFERENCE_CHECKS)
+
+# %% ../nbs/04c_preference.ipynb #90526d94
+SEQUENCES_PER_EXAMPLE = {"dpo": 2, "orpo": 2, "kto": 2}  # rows a batch of one example becomes in the forward pass
+
+def reference_memory_gb(model, ref: str = "adapter", load: str = "16bit", rows: int = 0) -> float:
+    "GB the reference adds to a preference run: weights of a separate copy, nothing (adapter off), or stored log-probs."
+    from unsloth_prep.oom import GB, WEIGHT_BYTES, load_arch
+    if ref not in REFS: raise ValueError(f"ref must be one of {REFS}, got {ref!r}")
+    if load not in WEIGHT_BYTES: raise ValueError(f"load must be one of {tuple(WEIGHT_BYTES)}, got {load!r}")
+    if ref == "model":
+        arch = model if hasattr(model, "n_params") else load_arch(model)
+        return round(arch.n_params * WEIGHT_BYTES[load] / GB, 3)
+    return round(rows * 2 * 4 / GB, 6) if ref == "precomputed" else 0.0
