@@ -255,14 +255,17 @@ def template_folder(path, template: str, cache_dir=None) -> Path:
     "The cached tokenizer folder of `path` with Unsloth's `template` (resolved once, in a child process)."
     return resolve_templates([(path, template)], cache_dir)[0]
 
-# %% ../nbs/04_tokenization.ipynb #cbaad697
+# %% ../nbs/04_tokenization.ipynb #927d33ea
 def _hub_folder(name: str) -> Path:
     "The local snapshot of a Hub model's tokenizer files (the Hub cache, or a download when online)."
     from huggingface_hub import snapshot_download
     offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
     try: return Path(snapshot_download(name, allow_patterns=list(TOKENIZER_FILES)))
     except Exception as e:
-        why = "the Hub is offline here (HF_HUB_OFFLINE is set)" if offline else f"the Hub cannot be reached ({type(e).__name__})"
+        kind = type(e).__name__
+        if offline: why = "the Hub is offline here (HF_HUB_OFFLINE is set)"
+        elif "RepositoryNotFound" in kind: why = "the Hub has no such model (or it needs a login)"
+        else: why = f"the Hub cannot be reached ({kind})"
         raise ValueError(f"{name}: no such folder, and {why}: download the model first and pass its folder") from None
 
 def _tokenizer_folder(path) -> Path:
@@ -352,7 +355,11 @@ class ChatRenderer:
             out.append((j, j + len(cs), i))
         return text, out
 
-# %% ../nbs/04_tokenization.ipynb #2e41657e
+# %% ../nbs/04_tokenization.ipynb #a6ee98e9
+def _is_trained(message: dict) -> bool:
+    "An assistant message is trained unless it is empty or carries `loss_weight` 0 (LLaMA-Factory's per-message weight)."
+    return bool(message["content"].strip()) and message.get("loss_weight", 1) != 0
+
 def _runs(labels) -> list[tuple[int, int]]:
     "Contiguous `[start, end)` runs of trained (non -100) positions."
     runs, start = [], None
@@ -456,11 +463,12 @@ class ChatTokenizer:
             ta = self._token_index(enc, a, n, len(text)); tb = self._token_index(enc, b, n, len(text))
             if tb < n and ids[tb] in self.special_ids: tb += 1
             tok_spans.append((ta, tb, i))
-        trained = [s for s in tok_spans if msgs[s[2]]["content"].strip() and s[2] not in cut]
+        trained = [s for s in tok_spans if _is_trained(msgs[s[2]]) and s[2] not in cut]
         counts.empty_turns += sum(1 for s in tok_spans if not msgs[s[2]]["content"].strip())
         if self.train_on == "last-assistant": trained = [s for s in trained if s[2] == asst[-1]]
         if self.train_on != "all" and not trained:
-            return self._drop(counts, "response_too_long" if asst[-1] in cut else "empty_response")
+            weights = any(msgs[i].get("loss_weight", 1) == 0 for i in asst)
+            return self._drop(counts, "response_too_long" if asst[-1] in cut else "loss_weight_0" if weights else "empty_response")
         if asst[-1] in cut and self.train_on != "all":  # the answer itself was cut by the char budget
             if self.on_overflow == "raise":
                 raise ValueError(f"row {index}: the assistant answer ({len(msgs[asst[-1]]['content'])} chars) cannot fit max_seq_length={L}")
@@ -535,7 +543,7 @@ def tokenize_dataset(ds, tokenizer, train_on: str = "all-assistant", max_seq_len
         kw.update(num_proc=num_proc, new_fingerprint=fp, load_from_cache_file=counts is None)
     return ds.map(fn, **kw)
 
-# %% ../nbs/04_tokenization.ipynb #75de95e6
+# %% ../nbs/04_tokenization.ipynb #ac62d380
 @dataclass
 class VerifyReport:
     "Result of `verify_labels`: problem counts, a few examples, and totals."
@@ -586,7 +594,7 @@ def verify_labels(rows: Iterable[dict], tokenizer, conversations: Iterable | Non
                 found.append(("no_end_of_turn", "a trained run does not end with an end-of-turn token"))
         if conv is not None and train_on != "all" and runs and not found:
             msgs, tools = as_messages(conv, f"conversation {r}")
-            want = [m["content"] for m in msgs if m["role"] == "assistant" and m["content"].strip()]
+            want = [m["content"] for m in msgs if m["role"] == "assistant" and _is_trained(m)]
             if train_on == "last-assistant": want = want[-1:]
             got = backend.decode_batch([ids[a:b - 1] for a, b in runs], skip_special_tokens=False)
             if len(got) > len(want): found.append(("extra_trained_text", repr(got[0][:60])))
