@@ -1,7 +1,8 @@
 """`unsloth-prep stats` / `prepare` in fresh processes, bounded memory on big inputs, and tokenize_dataset on streams."""
-import json, subprocess, sys
+import json, shutil, subprocess, sys
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
@@ -9,6 +10,46 @@ from unsloth_prep.fixtures import iter_records, tiny_model, write_records
 from unsloth_prep.tokenization import (TokenizeCounts, length_stats, load_tokenizer, tokenize_conversation,
                                        tokenize_dataset, verify_labels)
 from clitools import last_json, run
+
+
+def runs(labels):
+    """[start, end) runs of trained positions, computed here (not with the package's helper)."""
+    out, start = [], None
+    for i, x in enumerate(list(labels) + [-100]):
+        if x != -100 and start is None: start = i
+        if x == -100 and start is not None: out.append((start, i)); start = None
+    return out
+
+
+def source_conversations(path):
+    """The source file's conversations, read independently of the package (sharegpt or openai JSONL, bad lines skipped)."""
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try: rec = json.loads(line)
+        except ValueError: continue
+        if "conversations" in rec:
+            rec = {"messages": [{"role": roles[t["from"]], "content": t["value"]} for t in rec["conversations"]]}
+        out.append(rec)
+    return out
+
+
+def check_trained_text(rows, convs, tok, train_on="all-assistant", end="<|im_end|>"):
+    """Each row's trained tokens decode to exactly the answers of a source conversation, each + the end-of-turn token.
+
+    Rows and conversations are walked in order (a dropped conversation is skipped); prompt tokens trained, an answer
+    cut short or a missing end-of-turn token make a row match no conversation. Returns the rows matched."""
+    j = 0
+    for r in rows:
+        got = [tok.decode(r["input_ids"][a:b]) for a, b in runs(r["labels"])]
+        while True:
+            assert j < len(convs), f"trained text {got[:2]!r} matches no source conversation"
+            want = [m["content"] + end for m in convs[j]["messages"]
+                    if m["role"] == "assistant" and m["content"].strip() and m.get("loss_weight", 1) != 0]
+            j += 1
+            if train_on == "last-assistant": want = want[-1:]
+            if got and got == want[-len(got):]: break
+    return len(rows)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +75,6 @@ def test_prepare_cli(model, data, tmp_path, tok):
     out = tmp_path / "sub" / "train.parquet"
     s = last_json(run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, "--max-seq-length", 512,
                       "--on-error", "skip"))
-    for k in ("rows", "dropped", "truncated", "tokens", "trainable_tokens", "seconds", "peak_rss_mb"): assert k in s
     assert s["rejected"] == info["malformed"] and s["records"] + s["rejected"] == info["lines"]
     assert s["rows"] + s["dropped"] == s["records"] and s["dropped_reasons"]["response_too_long"] >= 5
     t = pq.read_table(out)
@@ -45,6 +85,7 @@ def test_prepare_cli(model, data, tmp_path, tok):
     assert sum(sum(x != -100 for x in r["labels"]) for r in rows) == s["trainable_tokens"]
     rep = verify_labels(rows, tok)
     assert rep.ok, rep
+    assert check_trained_text(rows, source_conversations(path), tok) == s["rows"]
     assert not [p for p in out.parent.iterdir() if p.name != "train.parquet"], "temp file left behind"
 
 
@@ -73,6 +114,14 @@ def test_prepare_modes_and_drop(tok, data, tmp_path):
     t = prepare(path, tok, tmp_path / "t.parquet", max_seq_length=256, on_error="skip")
     assert d["truncated"] == 0 and d["dropped"] > t["dropped"] and t["truncated"] > 0
     assert d["dropped"] == t["dropped"] + t["truncated"]
+    convs = source_conversations(path)
+    for m in ("all-assistant", "last-assistant"):
+        rows = pq.read_table(tmp_path / f"{m}.parquet").to_pylist()
+        assert check_trained_text(rows, convs, tok, m) == res[m]["rows"]
+    rows = pq.read_table(tmp_path / "all.parquet").to_pylist()
+    assert all(r["labels"] == r["input_ids"] for r in rows)
+    rows = pq.read_table(tmp_path / "t.parquet").to_pylist()
+    assert check_trained_text(rows, convs, tok) == t["rows"] and max(len(r["input_ids"]) for r in rows) <= 256
 
 
 def test_stats_cli(model, data, tmp_path, tok):
@@ -80,7 +129,6 @@ def test_stats_cli(model, data, tmp_path, tok):
     png = tmp_path / "hist.png"
     s = last_json(run("unsloth-prep", "stats", path, "--tokenizer", model, "--percentile", 95, "--on-error", "skip",
                       "--plot", png))
-    for k in ("records", "p50", "p95", "p99", "max", "suggested_max_seq_length", "truncated_share"): assert k in s
     assert s["p50"] <= s["p95"] <= s["p99"] <= s["max"] and s["suggested_max_seq_length"] % 64 == 0
     assert s["suggested_max_seq_length"] >= s["p95"] and 0 < s["truncated_share"] <= 0.05 + 1e-9
     assert png.stat().st_size > 1000
@@ -90,6 +138,31 @@ def test_stats_cli(model, data, tmp_path, tok):
     assert st.summary(95)["suggested_max_seq_length"] == s["suggested_max_seq_length"] and rejected > 0
     assert s99["suggested_max_seq_length"] >= s["suggested_max_seq_length"]
     assert s99["truncated_share"] <= s["truncated_share"]
+
+
+def test_stats_percentiles_with_numpy(model, data, tmp_path, tok):
+    """The CLI's percentiles are numpy's method='higher' over the row lengths, the suggestion that rounded UP to 64."""
+    from unsloth_prep.tokenization import prepare
+    path, _ = data
+    s = last_json(run("unsloth-prep", "stats", path, "--tokenizer", model, "--on-error", "skip", "--percentile", 90))
+    prepare(path, tok, tmp_path / "all.parquet", on_error="skip")
+    rows = pq.read_table(tmp_path / "all.parquet").to_pylist()
+    lens = np.array([len(r["input_ids"]) for r in rows])
+    for q in (50, 95, 99): assert s[f"p{q}"] == int(np.percentile(lens, q, method="higher")), q
+    p90 = int(np.percentile(lens, 90, method="higher"))
+    assert s["suggested_max_seq_length"] == max(64, -(-p90 // 64) * 64)
+    assert s["truncated_share"] == round(float((lens > s["suggested_max_seq_length"]).mean()), 5)
+
+
+def test_length_stats_rounding_and_method():
+    """Crafted lengths where method='lower' or 'nearest' and rounding to the nearest multiple give other answers."""
+    lens = [100 + 7 * i for i in range(30)] + [1030, 1040]
+    rows = [{"input_ids": [1] * n, "labels": [-100] * (n - 5) + [1] * 5} for n in lens]
+    s = length_stats(rows, percentile=95)
+    hi, lo = (int(np.percentile(lens, 95, method=m)) for m in ("higher", "lower"))
+    assert hi != lo and hi != int(np.percentile(lens, 95, method="nearest")) and hi % 64 < 32  # the data can tell the methods and roundings apart
+    assert s["p95"] == hi and s["suggested_max_seq_length"] == -(-hi // 64) * 64
+    assert s["suggested_max_seq_length"] != round(hi / 64) * 64
 
 
 def test_stats_matches_in_process(tok):
@@ -125,3 +198,43 @@ def test_huge_record_memory_bounded(model, tmp_path):
         peaks[name] = s["peak_rss_mb"]
     assert s["dropped_reasons"]["response_too_long"] >= 100
     assert peaks["big"] < peaks["small"] + 300, peaks
+
+
+def test_tokenizer_errors_cli(data, tmp_path, model):
+    """A missing folder, a Hub name offline, a folder without chat template: exit 2, one line, no traceback."""
+    import os
+    path, _ = data
+    out = tmp_path / "x.parquet"
+    p = run("unsloth-prep", "prepare", path, "--tokenizer", "/no/such/dir", "--out", out, check=False)
+    assert p.returncode == 2 and "/no/such/dir: no such tokenizer folder" in p.stderr and "Traceback" not in p.stderr
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    p = subprocess.run(["unsloth-prep", "stats", str(path), "--tokenizer", "someone/some-model"], capture_output=True,
+                       text=True, env=env)
+    assert p.returncode == 2 and "offline" in p.stderr and "someone/some-model" in p.stderr
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(Path(model) / "tokenizer.json", bare / "tokenizer.json")
+    cfg = json.loads((Path(model) / "tokenizer_config.json").read_text())
+    (bare / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "chat_template"}))
+    p = run("unsloth-prep", "prepare", path, "--tokenizer", bare, "--out", out, check=False)
+    assert p.returncode == 2 and "no chat template" in p.stderr and "--template llama-3.1" in p.stderr
+    assert "Traceback" not in p.stderr and not out.exists()
+
+
+def test_loss_weight_masks_answers(tok, tmp_path):
+    """loss_weight 0 on an assistant message masks it; 1 (or absent) trains it; all-zero rows are dropped and counted."""
+    from unsloth_prep.tokenization import prepare
+    recs = []
+    for k, r in enumerate(iter_records(60, "openai", seed=4)):
+        m = [x for x in r["messages"] if x["role"] != "system"]
+        extra = [{"role": "user", "content": f"and {k}?"}, {"role": "assistant", "content": f"answer {k}"}]
+        m = [dict(x, loss_weight=0) if x["role"] == "assistant" and k % 3 else x for x in m] + extra
+        recs.append({"messages": m if k % 5 else [dict(x, loss_weight=0) if x["role"] == "assistant" else x for x in m]})
+    s = prepare(recs, tok, tmp_path / "lw.parquet")
+    rows = pq.read_table(tmp_path / "lw.parquet").to_pylist()
+    kept = [r for k, r in enumerate(recs) if k % 5]
+    assert s["dropped_reasons"].get("loss_weight_0") == len(recs) - len(kept) and s["rows"] == len(rows)
+    assert check_trained_text(rows, [r for r in kept if any(x["content"].strip() for x in r["messages"])], tok) == len(rows)
+    masked = sum(tok.decode(r["input_ids"]).count("<|im_end|>") for r in rows)
+    trained = sum(len(runs(r["labels"])) for r in rows)
+    assert trained < masked - len(rows)      # the weight-0 answers are in the rows, not in the labels

@@ -62,6 +62,16 @@ for key, path, template in CASES:
     tok = load_tokenizer(path, template)
     assert isinstance(tok, LeanTokenizer)
     digests(tok, out, key)
+import tempfile
+from pathlib import Path
+from unsloth_prep.fixtures import write_records
+from unsloth_prep.tokenization import collect_stats, prepare, verify_labels
+d = Path(tempfile.mkdtemp())
+write_records(d / "c.jsonl", n=50, fmt="sharegpt", malformed_rate=0.05, seed=1)
+s = prepare(d / "c.jsonl", tok, d / "c.parquet", max_seq_length=256, on_error="skip")
+collect_stats(d / "c.jsonl", tok, on_error="skip")
+import pyarrow.parquet as pq
+assert s["rows"] > 0 and verify_labels(pq.read_table(d / "c.parquet").to_pylist(), tok).ok
 out["modules"] = sorted(m for m in ("torch", "transformers", "datasets", "unsloth") if sys.modules.get(m) is not None)
 print("__RESULT__" + json.dumps(out))
 '''
