@@ -54,7 +54,7 @@ def test_inspect_errors_exit_2(tmp_path):
     assert code == 2 and "missing.jsonl" in err
     (tmp_path / "a.json").write_text('[{"instruction": "q", "output": "a"},\n{"instruction": "q2", "output": ]')
     code, _, _, err = run_cli("inspect", tmp_path / "a.json")
-    assert code == 2 and "a.json: line 2: element 1" in err
+    assert code == 2 and "a.json: JSON array not closed (truncated after element 1)" in err
 
 
 def test_null_first_line_does_not_crash(tmp_path):
