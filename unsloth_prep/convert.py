@@ -79,7 +79,21 @@ def scan_lines(blk):
     if len(rb): suspect[np.searchsorted(nl, rb)] = True
     return starts, nl, suspect
 
-# %% ../nbs/03_convert.ipynb #680c1a87
+# %% ../nbs/03_convert.ipynb #62ad4996
+_DEEP = 32
+
+@functools.lru_cache(maxsize=256)
+def _type_facts(schema) -> tuple:
+    "(nesting depth, has a float field) of a schema, walked without recursion."
+    depth, floats, todo = 0, False, [(f.type, 1) for f in schema]
+    while todo:
+        t, d = todo.pop()
+        depth, floats = max(depth, d), floats or pa.types.is_floating(t)
+        if pa.types.is_struct(t): todo += [(f.type, d + 1) for f in t]
+        elif pa.types.is_list(t) or pa.types.is_large_list(t): todo.append((t.value_type, d + 1))
+    return depth, floats
+
+# %% ../nbs/03_convert.ipynb #5f04707b
 def merge_types(a, b):
     "Common type of two Arrow types under the drift rule, or None when they conflict (the field then becomes JSON text)."
     if a == b: return a
@@ -100,16 +114,14 @@ def merge_types(a, b):
     return None
 
 def merge_schema(schema, other, text_fields: set):
-    "Widen `schema` with the fields of `other`; conflicting fields become strings and join `text_fields`."
-    if schema is None: return other
-    fields = {f.name: f.type for f in schema}
+    "Widen `schema` with `other`'s fields; conflicting or too deeply nested ones become strings, named in `text_fields`."
+    fields = {f.name: f.type for f in (schema or [])}
     for f in other:
-        if f.name not in fields: fields[f.name] = f.type
-        elif f.name in text_fields: fields[f.name] = pa.string()
-        else:
-            m = merge_types(fields[f.name], f.type)
-            if m is None: text_fields.add(f.name); m = pa.string()
-            fields[f.name] = m
+        m = f.type if f.name not in fields else None if f.name in text_fields else merge_types(fields[f.name], f.type)
+        if m is None or _type_facts(pa.schema([(f.name, m)]))[0] > _DEEP:
+            text_fields.add(f.name)
+            m = pa.string()
+        fields[f.name] = m
     return pa.schema(list(fields.items()))
 
 # %% ../nbs/03_convert.ipynb #0148b729
@@ -168,7 +180,7 @@ def table_from_dicts(rows: list, schema, text_fields: set, coerced: dict):
         arrays[k] = arr
     return pa.table(arrays) if arrays else pa.table({"_": pa.nulls(len(rows))}).drop_columns(["_"])
 
-# %% ../nbs/03_convert.ipynb #800b1ba2
+# %% ../nbs/03_convert.ipynb #d55e7e96
 def _bad_utf8(blk, starts, ends) -> list:
     "Indices of the lines of `blk` that are not valid UTF-8 (one vectorised check for the common clean block)."
     offsets = pa.py_buffer(np.array([0, len(blk)], np.int64))
@@ -182,21 +194,10 @@ def _bad_utf8(blk, starts, ends) -> list:
         except UnicodeDecodeError: bad.append(i)
     return bad
 
-@functools.lru_cache(maxsize=256)
-def _type_facts(schema) -> tuple:
-    "(nesting depth, has a float field) of a schema, walked without recursion."
-    depth, floats, todo = 0, False, [(f.type, 1) for f in schema]
-    while todo:
-        t, d = todo.pop()
-        depth, floats = max(depth, d), floats or pa.types.is_floating(t)
-        if pa.types.is_struct(t): todo += [(f.type, d + 1) for f in t]
-        elif pa.types.is_list(t) or pa.types.is_large_list(t): todo.append((t.value_type, d + 1))
-    return depth, floats
-
 def _doubtful(table, blk) -> bool:
     "True when pyarrow's table of `blk` may hold what `read_line` rejects or rounds (deep, NaN, Infinity, wide ints)."
     depth, floats = _type_facts(table.schema)
-    if depth > 64 or not floats: return depth > 64
+    if depth > _DEEP or not floats: return depth > _DEEP
     b = bytes(blk)
     return b"NaN" in b or b"Infinity" in b or _WIDE in b.translate(_DIGITS)
 
@@ -210,7 +211,7 @@ def _has_wide_int(rec) -> bool:
         elif isinstance(v, list): todo += v
     return False
 
-# %% ../nbs/03_convert.ipynb #7a4e4001
+# %% ../nbs/03_convert.ipynb #f2242b6e
 class ConvertState:
     "Running totals of one conversion: target schema, drift bookkeeping, counts and the rejects sink."
     def __init__(self, rejects_fh=None, strict: bool = False, src: str = "", unit: str = "line"):
@@ -218,15 +219,21 @@ class ConvertState:
         self.rows = self.rejected = self.blank = self.lines = self.blocks = self.slow_blocks = 0
         self.rejects_fh, self.strict, self.src, self.unit = rejects_fh, strict, src, unit
         self.first_rejects, self._popts, self._popts_for, self.pins = [], None, None, {}
+        self._block = []
 
     def reject(self, line: int, error: str, raw):
-        "Record one rejected line in the rejects file (in strict mode: raise ValueError naming file and line)."
+        "Note one rejected line of the current block; `flush_rejects` records the block's rejects in line order."
         self.rejected += 1
-        text = bytes(raw).rstrip(b"\r").decode("utf-8", "replace")
-        if self.strict: raise ValueError(f"{self.src}: {self.unit} {line}: {error}: {text[:120]!r}")
-        if len(self.first_rejects) < 20: self.first_rejects.append(line)
-        if self.rejects_fh is not None:
-            self.rejects_fh.write(orjson.dumps({"file": self.src, "line": line, "error": error, "raw": text}) + b"\n")
+        self._block.append((line, error, bytes(raw).rstrip(b"\r").decode("utf-8", "replace")))
+
+    def flush_rejects(self):
+        "Write the block's rejects to the rejects file by line number (in strict mode: raise for the first)."
+        for line, error, text in sorted(self._block):
+            if self.strict: raise ValueError(f"{self.src}: {self.unit} {line}: {error}: {text[:120]!r}")
+            if len(self.first_rejects) < 20: self.first_rejects.append(line)
+            if self.rejects_fh is not None:
+                self.rejects_fh.write(orjson.dumps({"file": self.src, "line": line, "error": error, "raw": text}) + b"\n")
+        self._block = []
 
     def parse_options(self):
         "pyarrow ParseOptions pinning the settled fields of the current schema (null-typed and JSON-text fields stay inferred)."
@@ -313,10 +320,10 @@ def parse_block(blk, line0: int, st: ConvertState):
     suspect[_bad_utf8(blk, starts, ends)] = True
     keep = np.ones(len(starts), bool)
     _sort_lines(blk, line0, starts, ends, np.flatnonzero(suspect), keep, st)
-    if not keep.any(): return None
-    t = _try_fast(blk, starts, ends, keep, st)
-    if t is None: t = _parse_slow(blk, line0, starts, ends, keep, st)
-    return st.absorb(t) if t.num_rows else None
+    t = _try_fast(blk, starts, ends, keep, st) if keep.any() else None
+    if t is None and keep.any(): t = _parse_slow(blk, line0, starts, ends, keep, st)
+    st.flush_rejects()
+    return st.absorb(t) if t is not None and t.num_rows else None
 
 # %% ../nbs/03_convert.ipynb #d8e90560
 def _dictionary_columns(table) -> list:
