@@ -15,8 +15,8 @@ from .memory import MB, own_peak_mb, run_code
 # %% auto #0
 __all__ = ['PEERS', 'iter_line_blocks', 'scan_lines', 'merge_types', 'merge_schema', 'to_json_text', 'conform',
            'table_from_dicts', 'ConvertState', 'parse_block', 'PartWriter', 'default_rejects_path', 'convert',
-           'convert_args', 'convert_main', 'parquet_files', 'load_parquet', 'readback_scan', 'benchmark_converters',
-           'format_table', 'plot_benchmark']
+           'convert_args', 'convert_main', 'parquet_files', 'load_parquet', 'readback_scan', 'peer_config',
+           'benchmark_converters', 'format_table', 'plot_benchmark']
 
 # %% ../nbs/03_convert.ipynb #03861100
 def iter_line_blocks(path, block_bytes: int = 2 << 20):
@@ -561,41 +561,42 @@ def readback_scan(path, mode: str = "mmap", cache_dir=None, column: str = "outpu
         rows += len(b[column]); chars += sum(len(x or "") for x in b[column])
     return {"rows": rows, "chars": chars}
 
-# %% ../nbs/03_convert.ipynb #471846f6
+# %% ../nbs/03_convert.ipynb #a22a97b9
 PEERS = {
     "pandas": """import pandas as pd
 df = pd.read_json(SRC, lines=not ARRAY)
-df.to_parquet(DST, compression="zstd")
+df.to_parquet(DST, compression="zstd", compression_level=LEVEL, use_dictionary=DICT)
 result = {"rows": len(df)}""",
     "datasets": """from datasets import load_dataset
+import pyarrow.parquet as pq                         # Dataset.to_parquet fixes snappy: write its table instead
 ds = load_dataset("json", data_files=SRC, split="train", cache_dir=CACHE)
-ds.to_parquet(DST)                                   # datasets 4.x fixes the codec (snappy)
+pq.write_table(ds.data.table, DST, compression="zstd", compression_level=LEVEL, use_dictionary=DICT)
 result = {"rows": len(ds)}""",
     "pyarrow.json": """import pyarrow.json as pj, pyarrow.parquet as pq
 w, n = None, 0
 for b in pj.open_json(SRC):
-    if w is None: w = pq.ParquetWriter(DST, b.schema, compression="zstd")
+    if w is None: w = pq.ParquetWriter(DST, b.schema, compression="zstd", compression_level=LEVEL, use_dictionary=DICT)
     w.write_batch(b); n += b.num_rows
 w.close()
 result = {"rows": n}""",
     "polars": """import polars as pl
-if ARRAY: pl.read_json(SRC).write_parquet(DST, compression="zstd")
-else: pl.scan_ndjson(SRC).sink_parquet(DST, compression="zstd")
+if ARRAY: pl.read_json(SRC).write_parquet(DST, compression="zstd", compression_level=LEVEL)
+else: pl.scan_ndjson(SRC).sink_parquet(DST, compression="zstd", compression_level=LEVEL)
 result = {"rows": pl.scan_parquet(DST).select(pl.len()).collect().item()}""",
     "duckdb": """import duckdb
 con = duckdb.connect()
-con.execute(f"COPY (SELECT * FROM read_json_auto('{SRC}')) TO '{DST}' (FORMAT parquet, COMPRESSION zstd)")
+con.execute(f"COPY (SELECT * FROM read_json_auto('{SRC}')) TO '{DST}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {LEVEL})")
 result = {"rows": con.execute(f"SELECT count(*) FROM read_parquet('{DST}')").fetchone()[0]}""",
     "duckdb ignore_errors": """import duckdb
 con = duckdb.connect()
-con.execute(f"COPY (SELECT * FROM read_json_auto('{SRC}', ignore_errors=true)) TO '{DST}' (FORMAT parquet, COMPRESSION zstd)")
+con.execute(f"COPY (SELECT * FROM read_json_auto('{SRC}', ignore_errors=true)) TO '{DST}' (FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {LEVEL})")
 result = {"rows": con.execute(f"SELECT count(*) FROM read_parquet('{DST}')").fetchone()[0]}""",
-    "seed loop": """import json, pyarrow as pa, pyarrow.parquet as pq
+    "json.loads loop": """import json, pyarrow as pa, pyarrow.parquet as pq
 writer, batch, n = None, [], 0
 def flush():
     global writer, batch, n
     t = pa.Table.from_pylist(batch)
-    if writer is None: writer = pq.ParquetWriter(DST, t.schema, compression="zstd")
+    if writer is None: writer = pq.ParquetWriter(DST, t.schema, compression="zstd", compression_level=LEVEL, use_dictionary=DICT)
     writer.write_table(t); n += len(batch); batch = []
 with open(SRC, encoding="utf-8") as f:
     for line in f:
@@ -607,9 +608,14 @@ if batch: flush()
 writer.close()
 result = {"rows": n}""",
     "ours": """from unsloth_prep.convert import convert
-r = convert(SRC, DST, progress=False, overwrite=True)
+r = convert(SRC, DST, progress=False, overwrite=True, compression_level=LEVEL, use_dictionary=DICT)
 result = {"rows": r["rows"], "rejected": r["rejected"], "blank": r["blank"]}""",
 }
+
+def peer_config(m: str, level: int = 3, dictionary=True) -> str:
+    "How method `m` writes Parquet in `benchmark_converters`: codec, level, dictionary."
+    own = m.startswith(("polars", "duckdb"))
+    return f"zstd level {level}, dictionary " + (f"chosen by {m.split()[0]} (no option)" if own else str(dictionary))
 
 def _last_error(msg: str) -> str:
     "The exception line of an error message (the last line naming an Error or Exception), for a table cell."
@@ -626,11 +632,12 @@ def _verdict(res: dict, good: int | None, bad: int) -> str:
     if rows == good: return f"{bad} dropped silently" if bad else "ok"
     return f"{rows - good:+d} rows vs the {good} good ones" + (" (bad lines as rows)" if rows > good else " (dropped silently)")
 
-def _run_method(m, src, workdir, array, timeout):
+def _run_method(m, src, workdir, array, timeout, level=3, dictionary=True):
     "One fresh-process run of method `m` on `src`: a result dict (status 'ok' or what went wrong)."
     dst = workdir / f"{m.replace(' ', '_').replace('.', '_')}.parquet"; cache = workdir / "hf_cache"
     if dst.exists(): dst.unlink()
-    code = (f"SRC, DST, CACHE, ARRAY = {str(src)!r}, {str(dst)!r}, {str(cache)!r}, {array!r}\n" + PEERS[m] +
+    code = (f"SRC, DST, CACHE, ARRAY = {str(src)!r}, {str(dst)!r}, {str(cache)!r}, {array!r}\n"
+            f"LEVEL, DICT = {level!r}, {dictionary!r}\n" + PEERS[m] +
             "\nimport resource as _r\n_u = _r.getrusage(_r.RUSAGE_SELF)\nresult = dict(result, cpu_s=_u.ru_utime + _u.ru_stime)")
     t0 = time.perf_counter()
     try:
@@ -644,15 +651,16 @@ def _run_method(m, src, workdir, array, timeout):
     shutil.rmtree(cache, ignore_errors=True)
     return res
 
-def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0, array=False, repeat=1, timeout=3600) -> list:
-    "Convert `src` with each method in a fresh process (`repeat` rounds, best time kept); method, seconds, MB/s, peak RSS, output MB, rows, outcome."
+def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0, array=False, repeat=1, timeout=3600,
+                         level: int = 3, dictionary=True) -> list:
+    "Convert `src` with each method in a fresh process, best of `repeat` rounds, all writing zstd `level`; a row each."
     src, workdir = Path(src), Path(workdir); workdir.mkdir(parents=True, exist_ok=True)
     size, methods = src.stat().st_size, list(methods or PEERS)
     best = {}
     for rnd in range(repeat):                       # round-robin, so a busy minute hits every method alike
         for m in methods:
             if rnd and best[m]["status"] != "ok": continue
-            res = _run_method(m, src, workdir, array, timeout)
+            res = _run_method(m, src, workdir, array, timeout, level, dictionary)
             res["runs"] = best[m]["runs"] + 1 if m in best else 1
             if m not in best or (res["status"] == "ok" and res["seconds"] < best[m]["seconds"]): best[m] = res
             else: best[m]["runs"] = res["runs"]
@@ -661,16 +669,20 @@ def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0
         res = best[m]
         res["mb_per_s"] = size / 1e6 / res["seconds"] if res["status"] == "ok" else None
         res["malformed"] = _verdict(res, good_rows, bad_lines)
+        res["config"] = peer_config(m, level, dictionary)
         out.append(res)
     return out
 
 def format_table(rows: list) -> str:
-    "A markdown table of `benchmark_converters` results."
+    "A markdown table of `benchmark_converters` results, with how each method was configured."
     f = lambda v, p="{:.1f}": "-" if v is None else p.format(v)
-    lines = ["| method | seconds | MB/s | CPU s | peak RSS MB | output MB | rows | malformed lines |", "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = ["| method | seconds | MB/s | CPU s | peak RSS MB | output MB | rows | malformed lines | writes |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in rows:
-        lines.append(f"| {r['method']} | {f(r['seconds'])} | {f(r['mb_per_s'], '{:.0f}')} | {f(r.get('cpu_s'))} | {f(r['peak_mb'], '{:.0f}')} | "
-                     f"{f(r['output_mb'])} | {f(r.get('rows'), '{:,}')} | {r['malformed'] if r['status'] == 'ok' else r['status']} |")
+        outcome = r["malformed"] if r["status"] == "ok" else r["status"]
+        lines.append(f"| {r['method']} | {f(r['seconds'])} | {f(r['mb_per_s'], '{:.0f}')} | {f(r.get('cpu_s'))} | "
+                     f"{f(r['peak_mb'], '{:.0f}')} | {f(r['output_mb'])} | {f(r.get('rows'), '{:,}')} | {outcome} | "
+                     f"{r.get('config', '-')} |")
     return "\n".join(lines)
 
 def plot_benchmark(rows: list, title: str = ""):

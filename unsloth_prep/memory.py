@@ -159,42 +159,37 @@ def isolated(fn: Callable, *args, label: str | None = None, keep_result: bool = 
     res.peak_mb = max([child_peak] + [mb for _, mb in res.timeline])
     return res
 
-# %% ../nbs/00_memory.ipynb #965a6e5a
+# %% ../nbs/00_memory.ipynb #119b2457
 _RUNNER = """
 import json, sys
-from unsloth_prep.memory import own_peak_mb
+from unsloth_prep.memory import own_peak_mb, rss_mb
+job = json.loads(sys.stdin.read())
 ns = {"__name__": "__measured__"}
-exec(compile(sys.stdin.read(), "<measured>", "exec"), ns)
+exec(compile(job["setup"], "<setup>", "exec"), ns)
+baseline = rss_mb(children=False)
+exec(compile(job["code"], "<measured>", "exec"), ns)
 try: out = json.dumps(ns.get("result"))
 except TypeError: out = "null"
 peak = own_peak_mb()
-print("\\n__MEASURED__" + json.dumps({"result": json.loads(out), "peak": peak}))
+print("\\n__MEASURED__" + json.dumps({"result": json.loads(out), "peak": peak, "baseline": baseline}))
 """
 
-def run_code(code: str, label: str = "", interval: float = 0.005, timeout: float | None = None) -> MemResult:
-    "Run Python source in a fresh interpreter and measure it from outside; `.value` is what it assigned to `result`."
-    baseline_res = _bare_python_mb()
+def run_code(code: str, label: str = "", interval: float = 0.005, timeout: float | None = None,
+             setup: str = "") -> MemResult:
+    "Run `code` in a fresh interpreter after `setup` (imports); the baseline is the RSS between the two."
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen([sys.executable, "-c", _RUNNER], stdin=subprocess.PIPE, stdout=out, stderr=subprocess.PIPE, text=True)
         sampler = _Sampler(pid=proc.pid, interval=interval); sampler.start()
-        _, err = proc.communicate(code, timeout=timeout)
+        _, err = proc.communicate(json.dumps({"setup": setup, "code": code}), timeout=timeout)
         timeline = sampler.stop()
         out.seek(0); stdout = out.read()
     if proc.returncode != 0 or "__MEASURED__" not in stdout:
         raise RuntimeError(f"{label or 'code'} failed (exit {proc.returncode}): {err.strip()[-2000:]}")
     info = json.loads(stdout.rsplit("__MEASURED__", 1)[1])
     tl = [(t, mb) for t, mb in timeline if mb > 0]
-    return MemResult(label=label, peak_mb=max([info["peak"]] + [mb for _, mb in tl]), baseline_mb=baseline_res,
-                     seconds=timeline[-1][0], timeline=tl, value=info["result"])
-
-_BARE = {}
-def _bare_python_mb() -> float:
-    "Peak RSS of a bare `python -c pass` (the baseline of `run_code`), measured once."
-    if "mb" not in _BARE:
-        out = subprocess.run([sys.executable, "-c", "from unsloth_prep.memory import own_peak_mb; print(own_peak_mb())"],
-                             capture_output=True, text=True, check=True)
-        _BARE["mb"] = float(out.stdout)
-    return _BARE["mb"]
+    peak = max([info["peak"]] + [mb for _, mb in tl])
+    return MemResult(label=label, peak_mb=peak, baseline_mb=info["baseline"], seconds=timeline[-1][0], timeline=tl,
+                     value=info["result"])
 
 # %% ../nbs/00_memory.ipynb #a0aaa834
 def log_memory(tag: str = "", file=None) -> float:
@@ -207,7 +202,7 @@ def log_memory(tag: str = "", file=None) -> float:
     print(msg, file=file)
     return mb
 
-# %% ../nbs/00_memory.ipynb #6ceea44f
+# %% ../nbs/00_memory.ipynb #b6bde670
 def _figure(figsize=(6, 3)):
     "A small matplotlib figure for committed notebooks."
     import matplotlib.pyplot as plt
@@ -218,7 +213,7 @@ def plot_peaks(results: list, title: str | None = None, figsize=(6, 3)):
     fig, ax = _figure(figsize)
     labels = [r.label for r in results]
     ax.bar(labels, [r.peak_mb for r in results], color="#e07b39", label="peak")
-    ax.bar(labels, [r.baseline_mb for r in results], color="#9bb7d4", label="baseline (interpreter + imports)")
+    ax.bar(labels, [r.baseline_mb for r in results], color="#9bb7d4", label="before the work (interpreter + setup)")
     for i, r in enumerate(results):
         ax.annotate(f"{r.peak_mb:,.0f} MB\n{r.seconds:.1f} s", (i, r.peak_mb), ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("RSS (MB)"); ax.set_ylim(0, max(r.peak_mb for r in results) * 1.5)
