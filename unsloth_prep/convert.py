@@ -236,7 +236,7 @@ def _has_wide_int(rec) -> bool:
         elif isinstance(v, list): todo += v
     return False
 
-# %% ../nbs/03_convert.ipynb #83a9416a
+# %% ../nbs/03_convert.ipynb #949acc62
 class ConvertState:
     "Running totals of one conversion: target schema, drift bookkeeping, counts and the rejects sink."
     def __init__(self, rejects_fh=None, strict: bool = False, src: str = "", unit: str = "line"):
@@ -289,6 +289,7 @@ class ConvertState:
         self.rows += t.num_rows
         return t
 
+# %% ../nbs/03_convert.ipynb #455a7ca4
 def _ts_to_string(t):
     "The type `t` with every timestamp inside it replaced by string."
     if pa.types.is_timestamp(t): return pa.string()
@@ -312,6 +313,7 @@ def _join_lines(blk, starts, ends, keep):
     run_s, run_e, mv = np.r_[idx[0], idx[brk + 1]], np.r_[idx[brk], idx[-1]], memoryview(blk)
     return b"".join(mv[starts[a]:ends[b] + 1] for a, b in zip(run_s, run_e))
 
+# %% ../nbs/03_convert.ipynb #4a0e76ea
 def _sort_lines(blk, line0, starts, ends, idx, keep, st) -> list:
     "Read lines `idx` with `read_line`: blank ones counted, rejected ones recorded, both dropped from `keep`."
     rows = []
@@ -635,7 +637,7 @@ def readback_scan(path, mode: str = "mmap", cache_dir=None, column: str = "outpu
         chars += sum(len(x or "") for x in b[column])
     return {"rows": rows, "chars": chars}
 
-# %% ../nbs/03_convert.ipynb #6d7300e4
+# %% ../nbs/03_convert.ipynb #814e068f
 PEERS = {
     "pandas": """import pandas as pd
 df = pd.read_json(SRC, lines=not ARRAY)
@@ -694,6 +696,7 @@ def peer_config(m: str, level: int = 3, dictionary=True) -> str:
     own = m.startswith(("polars", "duckdb"))
     return f"zstd level {level}, dictionary " + (f"chosen by {m.split()[0]} (no option)" if own else str(dictionary))
 
+# %% ../nbs/03_convert.ipynb #48c6fea4
 def _last_error(msg: str) -> str:
     "The exception line of an error message (the last line naming an Error or Exception), for a table cell."
     lines = [l.strip() for l in str(msg).strip().splitlines() if l.strip()]
@@ -733,6 +736,7 @@ def _run_method(m, src, workdir, array, timeout, level=3, dictionary=True):
     shutil.rmtree(cache, ignore_errors=True)
     return res
 
+# %% ../nbs/03_convert.ipynb #62546556
 def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0, array=False, repeat=1, timeout=3600,
                          level: int = 3, dictionary=True) -> list:
     "Convert `src` with each method in a fresh process, best of `repeat` rounds, all writing zstd `level`; a row each."
@@ -756,6 +760,7 @@ def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0
         out.append(res)
     return out
 
+# %% ../nbs/03_convert.ipynb #ddbdf258
 def format_table(rows: list) -> str:
     "A markdown table of `benchmark_converters` results, with how each method was configured."
     f = lambda v, p="{:.1f}": "-" if v is None else p.format(v)

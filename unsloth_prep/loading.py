@@ -456,7 +456,7 @@ def _json_text(x) -> str:
     "A tools/function-call value as JSON text (strings kept as they are)."
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
 
-# %% ../nbs/02_loading.ipynb #e0768ea9
+# %% ../nbs/02_loading.ipynb #460aa01e
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     "Copy media path lists and check each has as many placeholders in the messages as paths."
     msgs = out["messages"]
@@ -491,6 +491,7 @@ def _alpaca(rec, mapping, fmt="alpaca"):
     msgs.append({"role": "user", "content": prompt + ("\n" + query if query else "")})
     return msgs
 
+# %% ../nbs/02_loading.ipynb #6fe4c9c0
 def _sharegpt_turns(turns, tags: dict, fmt: str, what: str = "conversations") -> list:
     "ShareGPT turns ({from, value} or custom tags) -> messages with standard roles."
     if isinstance(turns, dict): turns = [turns]
@@ -519,6 +520,7 @@ def _sharegpt_turns(turns, tags: dict, fmt: str, what: str = "conversations") ->
         msgs.append(_with_weight({"role": role, "content": content}, t, f"{what}[{i}]"))
     return msgs
 
+# %% ../nbs/02_loading.ipynb #db48e2ea
 def _part_text(part, media: dict, i: int, fmt: str) -> str:
     "One typed content part -> its text, collecting media paths into `media`."
     if isinstance(part, str): return part
