@@ -13,10 +13,10 @@ from .loading import (_BS, _COMMA, _DIGITS, _LB, _LSQ, _NL, _Q, _RB, _RSQ, _WIDE
 from .memory import MB, own_peak_mb, run_code
 
 # %% auto #0
-__all__ = ['PEERS', 'iter_line_blocks', 'scan_lines', 'merge_types', 'merge_schema', 'to_json_text', 'conform',
-           'table_from_dicts', 'ConvertState', 'parse_block', 'PartWriter', 'default_rejects_path', 'convert',
-           'convert_args', 'convert_main', 'parquet_files', 'load_parquet', 'readback_scan', 'peer_config',
-           'benchmark_converters', 'format_table', 'plot_benchmark']
+__all__ = ['PEERS', 'iter_line_blocks', 'scan_lines', 'merge_types', 'merge_schema', 'to_json_text', 'conform', 'ConvertState',
+           'parse_block', 'PartWriter', 'default_rejects_path', 'convert', 'convert_args', 'convert_main',
+           'parquet_files', 'load_parquet', 'readback_scan', 'peer_config', 'benchmark_converters', 'format_table',
+           'plot_benchmark']
 
 # %% ../nbs/03_convert.ipynb #93d063cb
 def iter_line_blocks(path, block_bytes: int = 2 << 20):
@@ -143,7 +143,7 @@ def merge_schema(schema, other, text_fields: set):
         fields[f.name] = m
     return pa.schema(list(fields.items()))
 
-# %% ../nbs/03_convert.ipynb #70fabbfe
+# %% ../nbs/03_convert.ipynb #f66f2ab6
 def to_json_text(col):
     "A string column holding strings as they are and every other value as its JSON text; returns `(array, n_coerced)`."
     t = col.type
@@ -169,6 +169,7 @@ def conform(table, schema, text_fields: set, coerced: dict):
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=schema)
 
+# %% ../nbs/03_convert.ipynb #18bc50b1
 def _json_value_text(v) -> str:
     "JSON text of a value; integers beyond 64 bits (which orjson refuses) stay exact."
     try: return orjson.dumps(v).decode()
@@ -357,7 +358,7 @@ def parse_block(blk, line0: int, st: ConvertState):
     st.flush_rejects()
     return st.absorb(t) if t is not None and t.num_rows else None
 
-# %% ../nbs/03_convert.ipynb #a7703ece
+# %% ../nbs/03_convert.ipynb #9938d78a
 def _dictionary_columns(table) -> list:
     "Columns worth dictionary encoding: everything except string columns of long or mostly distinct values."
     cols = []
@@ -371,6 +372,7 @@ def _dictionary_columns(table) -> list:
             cols.append(f.name)
     return cols
 
+# %% ../nbs/03_convert.ipynb #031b09fd
 class PartWriter:
     """Write tables as Parquet parts in `folder`: row groups of `row_group_rows`/`row_group_mb`, a new file per
     `rows_per_file` rows or schema change."""
@@ -426,7 +428,7 @@ class PartWriter:
         self._close()
         return self.parts
 
-
+# %% ../nbs/03_convert.ipynb #fbce2509
 class _ThreadedWriter:
     """Run a PartWriter on a background thread: the caller hands over about a row group at a time, so parsing the next
     row group overlaps encoding this one."""

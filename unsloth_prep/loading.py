@@ -16,8 +16,8 @@ __all__ = ['COMPRESSED_SUFFIXES', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', '
            'atomic_path', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line', 'iter_jsonl', 'iter_array_blocks',
            'iter_json_array', 'iter_csv', 'iter_parquet', 'iter_text', 'file_kind', 'resolve_files', 'plan_shards',
            'iter_file', 'is_hub_name', 'load_stream', 'normalize_record', 'detect_format', 'load_conversations',
-           'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text', 'stream_hash', 'process_sharded',
-           'inspect_args', 'inspect_main']
+           'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text', 'stream_hash', 'inspect_args',
+           'inspect_main']
 
 # %% ../nbs/02_loading.ipynb #60d7a664
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
@@ -800,7 +800,7 @@ def conversation_text(batch: dict) -> dict:
     "Batched map function: render each conversation as plain `role: content` text (no template) into `text`."
     return {"text": ["\n".join(f"{m['role']}: {m['content']}" for m in msgs) for msgs in batch["messages"]]}
 
-# %% ../nbs/02_loading.ipynb #4429d158
+# %% ../nbs/02_loading.ipynb #a40dbbe1
 def stream_hash(ds: Iterable[dict], columns: list | None = None) -> tuple[int, str]:
     "(count, order-independent content hash) of a stream of records, optionally restricted to `columns`."
     total, n = 0, 0
@@ -811,6 +811,7 @@ def stream_hash(ds: Iterable[dict], columns: list | None = None) -> tuple[int, s
         n += 1
     return n, f"{total:032x}"
 
+# %% ../nbs/02_loading.ipynb #d874416c
 def _shard_worker(ds, index: int, num_shards: int, fn, batch_size: int, out_path: str) -> int:
     """Process-side: map shard `index` of `ds` with `fn` and write it to `out_path` (JSONL, atomically); return its
     count."""
@@ -857,7 +858,7 @@ def process_sharded(ds, fn=None, num_proc: int = 2, out_dir=None, batch_size: in
     parts = [load_stream(p) for p in paths]
     return interleave_datasets(parts, stopping_strategy=stopping_strategy), counts
 
-# %% ../nbs/02_loading.ipynb #1a5ce4f1
+# %% ../nbs/02_loading.ipynb #31b7a090
 def _short(x, n: int = 200):
     "Copy of a record with long strings cut, for printing."
     if isinstance(x, str): return x if len(x) <= n else x[:n] + f"... [{len(x):,} chars]"
@@ -865,6 +866,7 @@ def _short(x, n: int = 200):
     if isinstance(x, dict): return {k: _short(v, n) for k, v in x.items()}
     return x
 
+# %% ../nbs/02_loading.ipynb #0d9bbf90
 def inspect_args(parser):
     "Arguments of `unsloth-prep inspect`."
     parser.add_argument("data", nargs="*", help="data files, folders, globs (JSONL, JSON array, CSV, Parquet, txt; "
