@@ -58,7 +58,7 @@ def test_inspect_errors_exit_2(tmp_path):
 
 
 def test_null_first_line_does_not_crash(tmp_path):
-    "pyarrow segfaults on a leading `null` line (SPEC); our reader reports it."
+    "pyarrow segfaults on a leading `null` line; our reader reports it."
     (tmp_path / "n.jsonl").write_text('null\n{"text": "a"}\n')
     code, s, _, err = run_cli("inspect", tmp_path / "n.jsonl")
     assert code == 0 and (s["format"], s["records"], s["malformed"]) == ("text", 1, 1)
