@@ -1,6 +1,6 @@
 """`unsloth-prep convert` in fresh processes: the line invariant, rejects, strict mode, shards, JSON arrays,
 schema drift, atomic output under kill -9, and flat peak memory on larger generated files."""
-import json, signal, subprocess, sys, time
+import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -94,6 +94,27 @@ def test_kill_9_leaves_no_output(tmp_path):
     assert proc.returncode == -signal.SIGKILL, "the converter finished before it could be killed"
     assert not (tmp_path / "out.parquet").exists()
     assert not [p for p in tmp_path.glob("*.parquet")]
+    stale = list(tmp_path.glob(".out.parquet.partial-*"))
+    assert [p.name for p in stale] == [f".out.parquet.partial-{proc.pid}"]     # what the killed run left
+    (alive := tmp_path / f".out.parquet.partial-{os.getpid()}").mkdir()          # a live run's folder
+    small = write_records(tmp_path / "small.jsonl", n=50, seed=9)
+    _, s, _ = cli(small["path"], tmp_path / "out.parquet")
+    assert s["rows"] == 50
+    assert list(tmp_path.glob(".out.parquet.partial-*")) == [alive]              # the dead run's folder is gone
+
+
+def test_line_by_line_path_numbers_lines_exactly(tmp_path):
+    "Lines pyarrow refuses (`tru`, bad escapes) or reads leniently (`NaN`) are rejected at their own line number."
+    bad = {7: b'{"a": tru, "x": 1.5}', 130: b'{"a": "\\x", "x": 1.5}', 131: b'{"a": NaN, "x": 1.5}',
+           402: b'{"a": 1, "x": -Infinity}', 999: b'{"a": "\\ud800", "x": 1.5}'}
+    lines = [bad.get(i, json.dumps({"a": i, "x": i / 2}).encode()) for i in range(1, 1001)]
+    (tmp_path / "in.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    _, s, _ = cli(tmp_path / "in.jsonl", tmp_path / "out.parquet", "--block-mb", "0.005")
+    rejects = [json.loads(l) for l in open(s["rejects"])]
+    assert [r["line"] for r in rejects] == sorted(bad)
+    assert [r["raw"].encode() for r in rejects] == [bad[n] for n in sorted(bad)]
+    assert s["slow_blocks"] >= 3 and s["rows"] == 995
+    assert pq.read_table(s["output"])["a"].to_pylist() == [i for i in range(1, 1001) if i not in bad]
 
 
 def _peak(src, dst):

@@ -54,11 +54,11 @@ def test_inspect_errors_exit_2(tmp_path):
     assert code == 2 and "missing.jsonl" in err
     (tmp_path / "a.json").write_text('[{"instruction": "q", "output": "a"},\n{"instruction": "q2", "output": ]')
     code, _, _, err = run_cli("inspect", tmp_path / "a.json")
-    assert code == 2 and "a.json: line 2: element 1" in err
+    assert code == 2 and "a.json: JSON array not closed (truncated after element 1)" in err
 
 
 def test_null_first_line_does_not_crash(tmp_path):
-    "pyarrow segfaults on a leading `null` line (SPEC); our reader reports it."
+    "pyarrow segfaults on a leading `null` line; our reader reports it."
     (tmp_path / "n.jsonl").write_text('null\n{"text": "a"}\n')
     code, s, _, err = run_cli("inspect", tmp_path / "n.jsonl")
     assert code == 0 and (s["format"], s["records"], s["malformed"]) == ("text", 1, 1)

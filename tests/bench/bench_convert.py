@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Benchmark: JSONL / JSON array -> Parquet, our converter against the usual peers, same files, fresh process each.
 
-    flock /tmp/heavy.lock python tests/bench/bench_convert.py --repeat 2 # 300 MB + 1 GB (pandas needs ~7 GB RAM)
+    flock /tmp/heavy.lock python tests/bench/bench_convert.py            # 300 MB + 1 GB (pandas needs ~7 GB RAM)
+    python tests/bench/bench_convert.py --sizes 300 --only ours,pyarrow.json --skip malformed,array   # the speed target
     python tests/bench/bench_convert.py --small                          # 20 MB files, a minute
 
 Files (generated Alpaca JSONL, Chinese + English, long-tailed, a few 200k-character records):
@@ -10,11 +11,11 @@ Prints one markdown table per file, then the target checks, then everything as o
 """
 import argparse, json, os, shutil, sys, time
 from pathlib import Path
-from unsloth_prep.convert import benchmark_converters, format_table
+from unsloth_prep.convert import PEERS, benchmark_converters, format_table, peer_config
 from unsloth_prep.fixtures import write_records
 
-ALL = ["pandas", "datasets", "pyarrow.json", "polars", "duckdb", "duckdb ignore_errors", "seed loop", "ours"]
-ARRAY_PEERS = ["duckdb", "polars", "ours"]
+ALL = ["pandas", "datasets", "pyarrow.json", "polars", "duckdb", "duckdb ignore_errors", "json.loads loop", "ours"]
+ARRAY_PEERS = ["duckdb", "polars", "ours", "ours (baseline)"]
 
 
 def make(path, size_mb, malformed, layout="jsonl"):
@@ -27,11 +28,12 @@ def make(path, size_mb, malformed, layout="jsonl"):
     return info
 
 
-def run(name, path, info, methods, work, array=False, repeat=1):
+def run(name, path, info, methods, work, array=False, repeat=1, level=3, dictionary=True):
     "Benchmark one file and print its table."
     good = info["records"]
     t = time.time()
-    rows = benchmark_converters(path, work / name, methods=methods, good_rows=good, bad_lines=info.get("malformed", 0), array=array, repeat=repeat)
+    rows = benchmark_converters(path, work / name, methods=methods, good_rows=good, bad_lines=info.get("malformed", 0),
+                                array=array, repeat=repeat, level=level, dictionary=dictionary)
     size = Path(path).stat().st_size / 1e6
     print(f"\n### {name}: {size:,.0f} MB, {info['lines'] if 'lines' in info else good:,} lines, {info.get('malformed', 0)} malformed "
           f"({time.time() - t:.0f} s for the table)\n")
@@ -58,6 +60,9 @@ def checks(out):
                          f"(target >= 0.90x), RSS {'<=' if ours['peak_mb'] <= fastest['peak_mb'] else '>'} peer's")
             if ours.get("cpu_s") and fastest.get("cpu_s"):
                 lines.append(f"  CPU seconds (all threads): ours {ours['cpu_s']:.1f}, {fastest['method']} {fastest['cpu_s']:.1f}")
+            pj = best(by[big], "pyarrow.json")
+            if pj: lines.append(f"  ours / pyarrow.json: speed {ours['mb_per_s'] / pj['mb_per_s']:.2f}x (target >= 0.95x), "
+                                f"peak RSS {ours['peak_mb'] / pj['peak_mb']:.2f}x")
             for m in ("polars", "duckdb", "datasets"):
                 r = best(by[big], m)
                 if r: lines.append(f"  ours / {m}: {ours['mb_per_s'] / r['mb_per_s']:.2f}x (target >= 1.5x)")
@@ -83,24 +88,36 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the generated inputs")
     ap.add_argument("--only", default=None, help="comma-separated methods")
     ap.add_argument("--skip", default="", help="comma-separated file kinds to skip: clean,malformed,array")
-    ap.add_argument("--repeat", type=int, default=1, help="rounds per file (round-robin over methods; best time kept)")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds per file (round-robin over methods; best time kept)")
+    ap.add_argument("--baseline", default=None, metavar="DIR",
+                    help="also run 'ours' from another copy of the package (a folder holding unsloth_prep/), "
+                         "e.g. `git archive COMMIT unsloth_prep | tar -x -C DIR`: before/after on the same file")
+    ap.add_argument("--zstd-level", type=int, default=3, help="zstd level every method writes with (default 3)")
+    ap.add_argument("--dictionary", default="true", choices=("true", "false"),
+                    help="dictionary encoding for every writer that has the option (default true, pyarrow's default)")
     a = ap.parse_args()
     work = Path(a.dir); work.mkdir(parents=True, exist_ok=True)
     sizes = [20] if a.small else [int(s) for s in a.sizes.split(",")]
     methods = a.only.split(",") if a.only else ALL
+    if a.baseline:
+        PEERS["ours (baseline)"] = f"import sys; sys.path.insert(0, {str(Path(a.baseline).resolve())!r})\n" + PEERS["ours"]
+        methods = methods + ["ours (baseline)"]
     skip, out = set(a.skip.split(",")), []
+    cfg = dict(repeat=a.repeat, level=a.zstd_level, dictionary=a.dictionary == "true")
+    print("every method: best of", a.repeat, "round(s), fresh process each; writers configured as:")
+    for m in methods: print(f"  {m}: {peer_config(m, cfg['level'], cfg['dictionary'])}")
     for mb in sizes:
         tag = f"{mb}MB" if mb < 1024 else f"{mb // 1024}GB"
         if "malformed" not in skip:
             p = work / f"malformed_{tag}.jsonl"; info = make(p, mb, 0.001)
-            out.append(run(f"malformed_{tag}", p, info, methods, work, repeat=a.repeat))
+            out.append(run(f"malformed_{tag}", p, info, methods, work, **cfg))
         if "clean" not in skip:
             p = work / f"clean_{tag}.jsonl"; info = make(p, mb, 0.0)
-            out.append(run(f"clean_{tag}", p, info, methods, work, repeat=a.repeat))
+            out.append(run(f"clean_{tag}", p, info, methods, work, **cfg))
     if "array" not in skip:
         mb = sizes[-1]; tag = f"{mb}MB" if mb < 1024 else f"{mb // 1024}GB"
         p = work / f"array_{tag}.json"; info = make(p, mb, 0.0, layout="json_array")
-        out.append(run(f"array_{tag}", p, info, [m for m in methods if m in ARRAY_PEERS], work, array=True, repeat=a.repeat))
+        out.append(run(f"array_{tag}", p, info, [m for m in methods if m in ARRAY_PEERS], work, array=True, **cfg))
     print("\n### targets\n")
     for line in checks(out): print(line)
     print(f"\nTimings on a shared 2-core machine that other jobs were using; best of {a.repeat} round(s) per method.")
