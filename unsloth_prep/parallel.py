@@ -339,7 +339,7 @@ class _RayShards:
             out.append(json.dumps({**s, "index": job["index"], "worker": worker_info()}, default=str))
         return {"summary": out}
 
-# %% ../nbs/04a_scale.ipynb #9c0cec45
+# %% ../nbs/04a_scale.ipynb #0d2d6134
 def _ray_init(workers: int):
     "Ray, connected to `RAY_ADDRESS` when set, else to a local cluster of `max(2, workers)` CPUs started here."
     import ray
@@ -349,13 +349,12 @@ def _ray_init(workers: int):
     return ray
 
 def _ray_error(e: Exception) -> Exception:
-    "A bad input line inside an actor stays a `ValueError` with its own message; other failures keep Ray's."
-    cause = getattr(e, "cause", None) or e.__cause__
-    while getattr(cause, "cause", None) is not None: cause = cause.cause
-    if isinstance(cause, (ValueError, FileNotFoundError)): return ValueError(str(cause).strip().splitlines()[-1])
-    return e
+    "A bad input line inside an actor becomes a `ValueError` with the worker's own message; other failures stay."
+    import re
+    found = re.findall(r"(?:ValueError|FileNotFoundError): (.+)", str(e))
+    return ValueError(found[-1].strip()) if found else e
 
-# %% ../nbs/04a_scale.ipynb #937632d2
+# %% ../nbs/04a_scale.ipynb #14ce27e8
 def _run_ray(jobs: list, workers: int, progress: bool | None) -> list:
     "Run the shard jobs with Ray Data: `map_batches` over the jobs with a pool of `workers` tokenizer actors."
     ray = _ray_init(workers)
@@ -363,7 +362,7 @@ def _run_ray(jobs: list, workers: int, progress: bool | None) -> list:
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty() if progress is None else progress
     ds = ray.data.from_items([{"job": json.dumps(j)} for j in jobs], override_num_blocks=len(jobs))
     ds = ds.map_batches(_self._RayShards, fn_constructor_args=(jobs[0]["tokenizer"], jobs[0]["template"]),
-                        batch_size=1, concurrency=workers, num_cpus=1)
+                        batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1)
     try:
         rows = ds.take_all()
     except Exception as e:
