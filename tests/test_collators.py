@@ -70,13 +70,13 @@ def test_pack_parquet_is_atomic(tmp_path, monkeypatch):
     pq.write_table(pa.Table.from_pylist(rows), src)
     import unsloth_prep.collators as c
 
-    def boom(table, where, **kw):
-        Path(where).write_bytes(b"PAR1 half")
+    def boom(path, *a, **kw):
+        Path(path).write_bytes(b"PAR1 half")
         raise OSError("disk full")
-    monkeypatch.setattr(c.pq, "write_table", boom)
+    monkeypatch.setattr(c, "_write_groups", boom)
     with pytest.raises(OSError):
         pack_parquet(src, dst, 256)
-    assert list(tmp_path.iterdir()) == [src]                 # no output and no temp file after a crash
+    assert list(tmp_path.iterdir()) == [src]                 # no output, no temp file and no run files after a crash
     monkeypatch.undo()
     st = pack_parquet(src, dst, 256)
     assert pq.read_table(dst).num_rows == st["rows"] and st["efficiency"] > 0.95
