@@ -331,33 +331,39 @@ def pack_dataset(ds, max_seq_length: int, overflow: str = "drop", mask_boundary_
         out = datasets.Dataset(datasets.table.InMemoryTable(packed))
     return (out, stats) if return_stats else out
 
-# %% ../nbs/05_collators.ipynb #38fa0863
+# %% ../nbs/05_collators.ipynb #dd32eed7
 def _list_names(schema: pa.Schema) -> list[str]:
     "Names of the list columns of a schema."
     return [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)]
 
-def _scan_lengths(files: list, names: list, bar) -> tuple[np.ndarray, list]:
-    "First pass: `input_ids` length of every row, and the list columns aligned with it in every batch."
-    lens, aligned = [], list(names)
+def _row_groups(files: list, columns: list, bar=None):
+    "Each row group of the files as a table of `columns`, one at a time (iter_batches reads far ahead: 5x the memory)."
     for f in files:
         with pq.ParquetFile(f) as pf:
             size, n = os.path.getsize(f), max(pf.metadata.num_rows, 1)
-            for b in pf.iter_batches(batch_size=2048, columns=names):
-                ref = pc.fill_null(pc.list_value_length(b["input_ids"]), 0)
-                same = lambda c: pc.all(pc.equal(pc.fill_null(pc.list_value_length(b[c]), 0), ref)).as_py()
-                aligned = [c for c in aligned if same(c) is not False]
-                lens.append(ref.to_numpy(zero_copy_only=False).astype(np.int64))
-                bar.update(b.num_rows, size * b.num_rows // n)
+            for g in range(pf.num_row_groups):
+                t = pf.read_row_group(g, columns=columns)
+                yield t
+                if bar is not None: bar.update(t.num_rows, size * t.num_rows // n)
+
+def _scan_lengths(files: list, names: list, bar) -> tuple[np.ndarray, list]:
+    "First pass: `input_ids` length of every row, and the list columns aligned with it in every row group."
+    lens, aligned = [], list(names)
+    for t in _row_groups(files, names, bar):
+        ref = pc.fill_null(pc.list_value_length(t["input_ids"]), 0)
+        same = lambda c: pc.all(pc.equal(pc.fill_null(pc.list_value_length(t[c]), 0), ref)).as_py()
+        aligned = [c for c in aligned if same(c) is not False]
+        lens.append(ref.to_numpy().astype(np.int64))
     return (np.concatenate(lens) if lens else np.zeros(0, np.int64)), aligned
 
-# %% ../nbs/05_collators.ipynb #cf3d90b2
+# %% ../nbs/05_collators.ipynb #8bf8c687
 def _group_of_rank(plan: PackPlan, group_rows: int) -> np.ndarray:
     "Output row group of each position of `plan.order`."
     return np.repeat(np.arange(plan.n_rows) // group_rows, np.diff(plan.row_starts))
 
-def _batch_fragments(b: pa.RecordBatch, keep: list, n_split: int, L: int) -> dict:
-    "The packed columns of a batch as list arrays of fragments."
-    cols = {n: b.column(n) for n in keep}
+def _batch_fragments(b: pa.Table, keep: list, n_split: int, L: int) -> dict:
+    "The packed columns of a (single-chunk) row group as list arrays of fragments."
+    cols = {n: b.column(n).combine_chunks() for n in keep}
     return {n: _split_overlong(c, L) for n, c in cols.items()} if n_split else cols
 
 # %% ../nbs/05_collators.ipynb #e364d499
@@ -386,37 +392,32 @@ class _Runs:
         for w in self.writers.values(): w.close()
         shutil.rmtree(self.folder, ignore_errors=True)
 
-# %% ../nbs/05_collators.ipynb #4a912609
+# %% ../nbs/05_collators.ipynb #5c361f4f
 def _scatter(files, columns, keep, ctx: dict, runs: _Runs, rej_writer, bar):
     "Second pass: each placed fragment to its row group's run, with its rank; overlong rows to the rejects."
-    rank, group, L = ctx["rank"], ctx["group"], ctx["L"]
-    row0, frag0 = 0, 0
-    for f in files:
-        with pq.ParquetFile(f) as pf:
-            size, n = os.path.getsize(f), max(pf.metadata.num_rows, 1)
-            for b in pf.iter_batches(batch_size=1024, columns=columns):
-                if rej_writer is not None: rej_writer(b, row0)
-                cols = _batch_fragments(b, keep, ctx["n_split"], L)
-                r = rank[frag0:frag0 + len(cols["input_ids"])]
-                sel = np.flatnonzero(r >= 0)
-                sel = sel[np.argsort(group[r[sel]], kind="stable")]
-                g = group[r[sel]]
-                cuts = np.flatnonzero(np.r_[True, g[1:] != g[:-1], True])
-                for a, z in zip(cuts[:-1], cuts[1:]):
-                    idx = pa.array(sel[a:z])
-                    runs.add(int(g[a]), pa.record_batch({"rank": pa.array(r[sel[a:z]]),
-                                                         **{k: c.take(idx) for k, c in cols.items()}}))
-                row0, frag0 = row0 + b.num_rows, frag0 + len(cols["input_ids"])
-                bar.update(b.num_rows, size * b.num_rows // n)
+    rank, group, row0, frag0 = ctx["rank"], ctx["group"], 0, 0
+    for t in _row_groups(files, columns, bar):
+        b = t
+        if rej_writer is not None: rej_writer(b, row0)
+        cols = _batch_fragments(b, keep, ctx["n_split"], ctx["L"])
+        r = rank[frag0:frag0 + len(cols["input_ids"])]
+        sel = np.flatnonzero(r >= 0)
+        sel = sel[np.argsort(group[r[sel]], kind="stable")]
+        g = group[r[sel]]
+        cuts = np.flatnonzero(np.r_[True, g[1:] != g[:-1], True])
+        for a, z in zip(cuts[:-1], cuts[1:]):
+            idx = pa.array(sel[a:z])
+            runs.add(int(g[a]), pa.record_batch({"rank": pa.array(r[sel[a:z]]), **{k: c.take(idx) for k, c in cols.items()}}))
+        row0, frag0 = row0 + b.num_rows, frag0 + len(cols["input_ids"])
 
-# %% ../nbs/05_collators.ipynb #7f287a13
+# %% ../nbs/05_collators.ipynb #e46fe0a2
 def _rejects_writer(path, lengths: np.ndarray, L: int):
     "A callback writing the overlong rows of each batch to the Parquet file `path` (opened on first use)."
     state = {}
-    def write(b: pa.RecordBatch, row0: int):
+    def write(b: pa.Table, row0: int):
         rows = np.flatnonzero(lengths[row0:row0 + b.num_rows] > L)
         if not len(rows): return
-        t = pa.Table.from_batches([b]).take(pa.array(rows)).append_column("row", pa.array(rows + row0))
+        t = b.take(pa.array(rows)).append_column("row", pa.array(rows + row0))
         t = t.append_column("reason", pa.array([f"{int(lengths[row0 + r])} tokens > max_seq_length={L}" for r in rows]))
         if "w" not in state: state["w"] = pq.ParquetWriter(path, t.schema)
         state["w"].write_table(t)
@@ -465,7 +466,7 @@ def _open_inputs(src) -> tuple[list, pa.Schema]:
         raise ValueError(f"packing needs an 'input_ids' column; columns are {schemas[0].names}")
     return files, schemas[0]
 
-# %% ../nbs/05_collators.ipynb #1f0bf277
+# %% ../nbs/05_collators.ipynb #bda8c5d0
 def pack_parquet(src, dst, max_seq_length: int, overflow: str = "drop", rejects=None, row_group_rows: int | None = None,
                  mask_boundary_labels: bool = True, progress: bool | None = None) -> dict:
     "Pack tokenized Parquet (a file, a shard folder or a manifest) into `dst` in bounded memory, atomically."
@@ -475,7 +476,7 @@ def pack_parquet(src, dst, max_seq_length: int, overflow: str = "drop", rejects=
     R = row_group_rows or max(1, (1 << 21) // L)                   # row groups of about 2M tokens
     bar = Progress(2 * sum(os.path.getsize(f) for f in files), "pack", progress)
     lengths, aligned = _scan_lengths(files, [n for n in _list_names(schema) if n != "attention_mask"], bar)
-    keep, dropped = _packed_columns(names, aligned)
+    keep, dropped = _packed_columns(schema.names, aligned)
     frag, source, n_split = _fragments(lengths, L, overflow)
     plan = pack_lengths(frag, L)
     ctx = _pack_context(schema, keep, frag, plan, n_split, L, R, mask_boundary_labels)
