@@ -369,20 +369,26 @@ def pack_dataset(ds, max_seq_length: int, overflow: str = "drop", mask_boundary_
         out = datasets.Dataset(datasets.table.InMemoryTable(packed))
     return (out, stats) if return_stats else out
 
-# %% ../nbs/05_collators.ipynb #74e4ebd3
+# %% ../nbs/05_collators.ipynb #1a8619d2
 def _list_names(schema: pa.Schema) -> list[str]:
     "Names of the list columns of a schema."
     return [f.name for f in schema if pa.types.is_list(f.type) or pa.types.is_large_list(f.type)]
 
+def _row_group_parts(pf: pq.ParquetFile, g: int, columns: list, rows: int = 1024):
+    "Row group `g` as tables of `columns`: whole, or in batches of `rows` when it is larger."
+    if pf.metadata.row_group(g).num_rows <= rows: return [pf.read_row_group(g, columns=columns)]
+    batches = pf.iter_batches(batch_size=rows, row_groups=[g], columns=columns, use_threads=False)
+    return (pa.Table.from_batches([b]) for b in batches)
+
 def _row_groups(files: list, columns: list, bar=None):
-    "Each row group of the files as a table of `columns`, one at a time (iter_batches reads far ahead: 5x the memory)."
+    "The rows of the files as tables of `columns`, a row group at a time (iter_batches alone reads far ahead)."
     for f in files:
-        with pq.ParquetFile(f) as pf:
+        with pq.ParquetFile(f, pre_buffer=False, buffer_size=1 << 22) as pf:   # stream pages, not whole chunks
             size, n = os.path.getsize(f), max(pf.metadata.num_rows, 1)
             for g in range(pf.num_row_groups):
-                t = pf.read_row_group(g, columns=columns)
-                yield t
-                if bar is not None: bar.update(t.num_rows, size * t.num_rows // n)
+                for t in _row_group_parts(pf, g, columns):
+                    yield t
+                    if bar is not None: bar.update(t.num_rows, size * t.num_rows // n)
 
 # %% ../nbs/05_collators.ipynb #e81f5ae2
 def _scan_lengths(files: list, names: list, bar) -> tuple[np.ndarray, list]:
