@@ -14,8 +14,8 @@ MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it wh
 
 # %% auto #0
 __all__ = ['MANIFEST', 'Progress', 'shard_specs', 'shard_records', 'input_format', 'prepare_shard', 'input_identity',
-           'write_manifest', 'shard_paths', 'rows_digest', 'worker_info', 'run_prepare_sharded', 'scale_args',
-           'prepare_sharded']
+           'write_manifest', 'shard_paths', 'rows_digest', 'worker_info', 'run_prepare_sharded', 'progress_args',
+           'scale_args', 'prepare_sharded']
 
 # %% ../nbs/04a_scale.ipynb #d6baf255
 class Progress:
@@ -372,7 +372,12 @@ def _run_ray(jobs: list, workers: int, progress: bool | None) -> list:
     got = {s["index"]: s for s in (json.loads(r["summary"]) for r in rows)}
     return [got[j["index"]] for j in jobs]
 
-# %% ../nbs/04a_scale.ipynb #7c14575a
+# %% ../nbs/04a_scale.ipynb #0fda4bd3
+def progress_args(parser):
+    "Add `--no-progress` to a command's argument parser (`progress=False if args.no_progress else None`)."
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (it shows on a terminal only)")
+
+# %% ../nbs/04a_scale.ipynb #c88ec1ef
 def scale_args(parser):
     "Add `--workers`, `--engine` and `--no-progress` to a command's argument parser."
     parser.add_argument("--workers", type=int, default=1,
@@ -380,7 +385,7 @@ def scale_args(parser):
                              "Parquet shards with _manifest.json")
     parser.add_argument("--engine", default="local", choices=("local", "ray"),
                         help="local processes, or Ray Data (RAY_ADDRESS when set, else a local cluster)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar (it shows on a terminal only)")
+    progress_args(parser)
 
 # %% ../nbs/04a_scale.ipynb #489638e6
 def _summary(m: dict, out, workers: int) -> dict:

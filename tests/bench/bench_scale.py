@@ -12,7 +12,7 @@
    peak <= 450 MB. Per-worker peaks come from the manifest (each worker's own ru_maxrss).
 Prints a table per part, then one JSON line. Figures from a shared machine are indicative.
 """
-import argparse, json, os, sys, tempfile, textwrap, time
+import argparse, json, os, shutil, sys, tempfile, textwrap, time
 from pathlib import Path
 
 import numpy as np
@@ -142,10 +142,14 @@ def main(argv=None):
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     res = {"small": a.small}
-    if a.part in ("pack", "all"):
-        res["pack"] = bench_pack(work, (32_800_000, 90_000_000) if a.small else (32_800_000, 100_000_000, 300_000_000))
-    if a.part in ("prepare", "all"):
-        res["prepare"] = bench_prepare(work, 4 if a.small else 20)
+    try:
+        if a.part in ("pack", "all"):
+            sizes = (32_800_000, 90_000_000) if a.small else (32_800_000, 100_000_000, 300_000_000)
+            res["pack"] = bench_pack(work, sizes)
+        if a.part in ("prepare", "all"):
+            res["prepare"] = bench_prepare(work, 4 if a.small else 20)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     print("(shared 2-core machine: figures are indicative)")
     print(json.dumps(res, default=str))
     return 0
