@@ -70,13 +70,13 @@ def test_pack_parquet_is_atomic(tmp_path, monkeypatch):
     pq.write_table(pa.Table.from_pylist(rows), src)
     import unsloth_prep.collators as c
 
-    def boom(table, where, **kw):
-        Path(where).write_bytes(b"PAR1 half")
+    def boom(path, *a, **kw):
+        Path(path).write_bytes(b"PAR1 half")
         raise OSError("disk full")
-    monkeypatch.setattr(c.pq, "write_table", boom)
+    monkeypatch.setattr(c, "_write_groups", boom)
     with pytest.raises(OSError):
         pack_parquet(src, dst, 256)
-    assert list(tmp_path.iterdir()) == [src]                 # no output and no temp file after a crash
+    assert list(tmp_path.iterdir()) == [src]                 # no output, no temp file and no run files after a crash
     monkeypatch.undo()
     st = pack_parquet(src, dst, 256)
     assert pq.read_table(dst).num_rows == st["rows"] and st["efficiency"] > 0.95
@@ -235,3 +235,23 @@ def test_trainer_step_with_collator(tiny, tmp_path, collator):
                              use_cpu=True, remove_unused_columns=False, logging_steps=1, save_strategy="no")
     out = Trainer(model=model, args=args, train_dataset=ds, data_collator=coll).train()
     assert np.isfinite(out.training_loss) and out.global_step == 2
+
+
+@pytest.mark.parametrize("overflow", ["drop", "split"])
+def test_pack_parquet_bounded_same_bytes_as_memory(tmp_path, overflow):
+    """The bounded path (lengths, runs per row group) writes the bytes of pack_table over the whole table."""
+    rows = synthetic_rows(700, seed=11, max_len=900)
+    rows[5]["input_ids"], rows[5]["labels"] = [], []                # an empty row
+    rows[5]["attention_mask"] = []
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, tmp_path / "tok.parquet", row_group_size=97)
+    st = pack_parquet(tmp_path / "tok.parquet", tmp_path / "bounded.parquet", 300, overflow=overflow, row_group_rows=16)
+    packed, ref = pack_table(table, 300, overflow=overflow)
+    pq.write_table(packed, tmp_path / "memory.parquet", row_group_size=16)
+    assert (tmp_path / "bounded.parquet").read_bytes() == (tmp_path / "memory.parquet").read_bytes()
+    assert {k: st[k] for k in ref} == ref
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []    # no run files left
+    if overflow == "drop":
+        rej = pq.read_table(st["rejects"])
+        assert rej["row"].to_pylist() == [i for i, r in enumerate(rows) if len(r["input_ids"]) > 300]
+        assert rej["input_ids"].to_pylist() == [r["input_ids"] for r in rows if len(r["input_ids"]) > 300]

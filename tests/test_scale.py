@@ -1,0 +1,139 @@
+"""unsloth_prep.parallel beyond the notebook: sharded prepare equals the single-process output on JSONL ranges, Parquet
+row groups and globs; rejects keep their original file and line; a failing or dying worker fails the run and leaves no
+manifest; the Ray Data engine on a real local cluster gives the same rows."""
+import json, os, re, sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from unsloth_prep.fixtures import tiny_model, write_records
+from unsloth_prep.parallel import (MANIFEST, Progress, _run_local, prepare_sharded, rows_digest, run_prepare_sharded,
+                                   scale_args, shard_paths)
+from unsloth_prep.tokenization import load_tokenizer, prepare
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """Two JSONL files with malformed lines, their single-process prepare output, and a Parquet copy of the records."""
+    d = tmp_path_factory.mktemp("scale")
+    a = write_records(d / "in" / "a.jsonl", n=300, fmt="openai", malformed_rate=0.02, seed=3)
+    b = write_records(d / "in" / "b.jsonl", n=120, fmt="openai", malformed_rate=0.03, seed=4)
+    tok_path = tiny_model()
+    tok = load_tokenizer(tok_path)
+    single = prepare(d / "in" / "a.jsonl", tok, d / "single_a.parquet", on_error="skip", max_seq_length=512)
+    both = prepare(str(d / "in" / "*.jsonl"), tok, d / "single_ab.parquet", on_error="skip", max_seq_length=512)
+    good = [json.loads(line) for line in (d / "in" / "a.jsonl").read_text().splitlines() if _is_record(line)]
+    pq.write_table(pa.Table.from_pylist(good), d / "a.parquet", row_group_size=40)
+    return dict(d=d, a=a, b=b, tok=tok_path, single=single, both=both)
+
+
+def _is_record(line):
+    """True for a line that parses as a JSON object."""
+    try: return isinstance(json.loads(line), dict)
+    except ValueError: return False
+
+
+def rejected_lines(manifest):
+    """(file name, line) of every reject the manifest lists, in shard order."""
+    return [(Path(r["file"]).name, r["line"]) for s in manifest["shards"] for r in s["rejects"]]
+
+
+def test_workers_equal_single_process_jsonl(corpus):
+    d = corpus["d"]
+    m = run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "w3", workers=2, shards=3, on_error="skip",
+                            max_seq_length=512)
+    assert len(m["shards"]) == 3 and m["shards"][1]["source"]["start"] > 0     # really split into byte ranges
+    assert rows_digest(shard_paths(d / "w3")) == rows_digest(d / "single_a.parquet")
+    assert [m[k] for k in ("rows", "tokens", "rejected")] == [corpus["single"][k] for k in ("rows", "tokens", "rejected")]
+    assert rejected_lines(m) == [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]]
+    assert m["input"][0]["bytes"] == os.path.getsize(d / "in" / "a.jsonl") and m["settings"]["max_seq_length"] == 512
+    kept = [json.loads(line) for line in (d / "w3" / "_part-00001.rejects.jsonl").read_text().splitlines()]
+    assert [r["line"] for r in kept] == [r["line"] for r in m["shards"][1]["rejects"]]        # rejects kept on disk
+
+
+def test_glob_and_parquet_row_groups(corpus):
+    d = corpus["d"]
+    m = run_prepare_sharded(str(d / "in" / "*.jsonl"), corpus["tok"], d / "glob", workers=2, on_error="skip",
+                            max_seq_length=512)
+    assert rows_digest(shard_paths(d / "glob" / MANIFEST)) == rows_digest(d / "single_ab.parquet")
+    want = [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]] + [("b.jsonl", n) for n in corpus["b"]["malformed_lines"]]
+    assert rejected_lines(m) == want
+    m = run_prepare_sharded(d / "a.parquet", corpus["tok"], d / "pq", workers=2, shards=3, max_seq_length=512)
+    groups = [s["source"]["row_groups"] for s in m["shards"]]
+    assert len(groups) == 3 and groups[0][0] == 0 and groups[-1][1] == pq.ParquetFile(d / "a.parquet").num_row_groups
+    assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
+    assert rows_digest(shard_paths(d / "pq")) == rows_digest(d / "single_a.parquet")
+
+
+def test_bad_line_fails_with_original_line_and_no_manifest(corpus):
+    d = corpus["d"]
+    out = d / "fail"
+    out.mkdir()
+    (out / MANIFEST).write_text("{}")                    # an older complete-looking run must not survive a failure
+    (out / "part-00007.parquet").write_bytes(b"old")
+    with pytest.raises(ValueError) as e:
+        run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], out, workers=2)
+    msg = str(e.value)
+    assert msg.startswith(str(d / "in" / "a.jsonl")) and int(re.search(r"line (\d+)", msg)[1]) in corpus["a"]["malformed_lines"]
+    assert list(out.iterdir()) == []
+    with pytest.raises(ValueError, match="incomplete"):
+        shard_paths(out)
+
+
+def die(job, q):
+    """A worker killed without a word (as the kernel's OOM killer does)."""
+    if job["index"] == 1: os._exit(9)
+    q.put(("done", job["index"], {"ok": True}))
+
+
+def test_dead_worker_fails_the_run():
+    jobs = [{"index": i, "spec": {"path": f"f{i}"}} for i in range(3)]
+    with pytest.raises(RuntimeError, match=r"shard 1 \(f1\) failed: WorkerDied: exit code 9"):
+        _run_local(jobs, 2, Progress(enabled=False), target=die)
+
+
+def test_progress_quiet_off_terminal(capsys):
+    with Progress(total_bytes=100, desc="x") as bar: bar.update(5, 50)
+    assert capsys.readouterr().err == ""
+
+
+def test_cli_helper_pack(corpus, tmp_path):
+    import argparse
+    from unsloth_prep.tokenization import prepare_args
+    p = argparse.ArgumentParser()
+    prepare_args(p)
+    if not any(a.dest == "workers" for a in p._actions): scale_args(p)
+    args = p.parse_args([str(corpus["d"] / "in" / "a.jsonl"), "--tokenizer", str(corpus["tok"]), "--out",
+                         str(tmp_path / "packed.parquet"), "--on-error", "skip", "--workers", "2", "--pack",
+                         "--max-seq-length", "512", "--no-progress"])
+    s = prepare_sharded(args)
+    from unsloth_prep.collators import pack_parquet
+    ref = pack_parquet(corpus["d"] / "single_a.parquet", tmp_path / "ref.parquet", 512)
+    assert s["pack"]["rows"] == ref["rows"] and sorted(os.listdir(tmp_path)) == ["packed.parquet", "ref.parquet"]
+    assert pq.read_table(tmp_path / "packed.parquet").equals(pq.read_table(tmp_path / "ref.parquet"))
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster (2 CPUs) for the module; started here, shut down after."""
+    ray = pytest.importorskip("ray")
+    if not os.environ.get("RAY_ADDRESS"):
+        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
+                 runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
+    yield ray
+    ray.shutdown()
+
+
+def test_ray_engine_equals_single_process(corpus, ray_cluster):
+    d = corpus["d"]
+    m = run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "ray", workers=2, shards=3, on_error="skip",
+                            max_seq_length=512, engine="ray", progress=False)
+    assert m["engine"] == "ray" and len(m["shards"]) == 3
+    assert rows_digest(shard_paths(d / "ray")) == rows_digest(d / "single_a.parquet")
+    assert rejected_lines(m) == [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]]
+    assert m["rejected"] == corpus["single"]["rejected"] and all(s["worker"]["pid"] != os.getpid() for s in m["shards"])
+    with pytest.raises(ValueError, match=r"a\.jsonl: line \d+"):
+        run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "ray_fail", workers=2, engine="ray", progress=False)
+    assert not (d / "ray_fail" / MANIFEST).exists()
