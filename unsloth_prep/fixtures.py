@@ -225,7 +225,7 @@ def iter_corpus(n: int | None = None, seed: int = 0, median: int = 600, lang: st
         else: yield "\n\n".join(_words(rng, _length(rng, median // 2), one) for _ in range(rng.randint(1, 4)))
         i += 1
 
-# %% ../nbs/01_fixtures.ipynb #44fc8f1b
+# %% ../nbs/01_fixtures.ipynb #75ffe255
 def _bad_text_line(kind: str, good: str, text_field: str) -> str:
     "A JSONL line that is invalid (malformed JSON, missing text field, non-string text)."
     if kind == "missing_field": return json.dumps({"body": "no text field here"})
@@ -237,12 +237,13 @@ def _write_txt_corpus(folder: Path, docs: Iterator[str], info: dict):
     folder.mkdir(parents=True, exist_ok=True)
     for i, doc in enumerate(docs, 1):
         (folder / f"doc_{i:05d}.txt").write_text(doc, encoding="utf-8")
-        info["records"] += 1; info["bytes"] += len(doc.encode())
+        info["records"] += 1
+        info["bytes"] += len(doc.encode())
         if not doc.strip(): info["empty_lines"].append(i)
         if len(doc) >= 200_000: info["huge_lines"].append(i)
     info["files"] = info["records"]
 
-# %% ../nbs/01_fixtures.ipynb #c9dc6708
+# %% ../nbs/01_fixtures.ipynb #fe22c006
 _TEXT_DEFECTS = ("truncated", "missing_field", "bare", "not_string", "two_objects")
 
 def write_corpus(path, n: int, layout: str = "jsonl", seed: int = 0, median: int = 600, lang: str = "mixed",
@@ -263,9 +264,13 @@ def write_corpus(path, n: int, layout: str = "jsonl", seed: int = 0, median: int
             line = json.dumps({text_field: doc}, ensure_ascii=False)
             while malformed_rate and rng.random() < malformed_rate:
                 bad = _bad_text_line(_TEXT_DEFECTS[info["malformed"] % len(_TEXT_DEFECTS)], line, text_field)
-                info["malformed"] += 1; info["lines"] += 1; info["malformed_lines"].append(info["lines"])
+                info["malformed"] += 1
+                info["lines"] += 1
+                info["malformed_lines"].append(info["lines"])
                 f.write(bad + "\n")
-            info["lines"] += 1; info["records"] += 1; info["bytes"] += len(line.encode()) + 1
+            info["lines"] += 1
+            info["records"] += 1
+            info["bytes"] += len(line.encode()) + 1
             if not doc.strip(): info["empty_lines"].append(info["lines"])
             if len(doc) >= 200_000: info["huge_lines"].append(info["lines"])
             f.write(line + "\n")
@@ -323,7 +328,7 @@ def iter_pairs(n: int | None = None, form: str = "pairs", seed: int = 0, lang: s
         yield defect, (_pair if form == "pairs" else _kto)(rng, one, defect)
         i += 1
 
-# %% ../nbs/01_fixtures.ipynb #32be4b5f
+# %% ../nbs/01_fixtures.ipynb #431f77a0
 def write_pairs(path, n: int, form: str = "pairs", seed: int = 0, lang: str = "mixed", defect_every: int = 0) -> dict:
     "Write `n` generated preference (or KTO) records as JSONL; report the line of every planted defect by kind."
     path, kinds = Path(path), _defect_kinds(form)
@@ -333,6 +338,7 @@ def write_pairs(path, n: int, form: str = "pairs", seed: int = 0, lang: str = "m
         for defect, rec in iter_pairs(n, form, seed, lang, defect_every):
             line = json.dumps(rec, ensure_ascii=False) + "\n"
             f.write(line)
-            info["records"] += 1; info["bytes"] += len(line.encode())
+            info["records"] += 1
+            info["bytes"] += len(line.encode())
             if defect: info["defects"][defect].append(info["records"])
     return info

@@ -17,8 +17,8 @@ from .loading import resolve_files
 
 # %% auto #0
 __all__ = ['TXT_MODES', 'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER', 'iter_documents', 'pretrain_blocks', 'write_blocks',
-           'length_percentiles', 'pretrain_report', 'prepare_pretrain', 'pretrain_args', 'pretrain_main',
-           'pretrain_trainer', 'train_pretrain']
+           'length_percentiles', 'pretrain_report', 'prepare_pretrain', 'block_efficiency', 'pretrain_args',
+           'pretrain_main', 'pretrain_trainer', 'train_pretrain']
 
 # %% ../nbs/04b_pretrain.ipynb #47437e24
 def _token_text(x):
@@ -159,8 +159,8 @@ def _blocks_table(rows: list):
         cols[c] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
     return pa.table(cols)
 
-# %% ../nbs/04b_pretrain.ipynb #31550aaa
-def write_blocks(blocks: Iterable[dict], out, group_tokens: int = 1 << 20) -> int:
+# %% ../nbs/04b_pretrain.ipynb #112c3748
+def write_blocks(blocks: Iterable[dict], out, group_tokens: int = 1 << 18) -> int:
     "Stream blocks into Parquet at `out` (atomically) in row groups of about `group_tokens` tokens; return rows."
     rows, n, toks, writer = [], 0, 0, None
     with atomic_path(out) as tmp:
@@ -221,6 +221,14 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
                            keep_last=keep_last, empty_docs=counts["empty_docs"], rejected=rej.count,
                            rejected_lines=rej.lines[:20], out=str(out), seconds=round(time.perf_counter() - t0, 3))
 
+# %% ../nbs/04b_pretrain.ipynb #76a8ad07
+def block_efficiency(lengths, block_size: int, group: int | None = None) -> float:
+    "Share of tokens (EOS included) kept when documents are joined and cut into blocks, dropping each group's remainder."
+    a = np.asarray(lengths, dtype=np.int64) + 1
+    if len(a) == 0: return 0.0
+    sums = np.add.reduceat(a, np.arange(0, len(a), group)) if group else np.array([a.sum()])
+    return float((sums - sums % block_size).sum() / a.sum())
+
 # %% ../nbs/04b_pretrain.ipynb #086a2b2e
 def pretrain_args(p, common: bool = True):
     "Arguments of `prepare --task pretrain` (with `common=False`: only those `prepare` does not already have)."
@@ -276,7 +284,7 @@ def pretrain_trainer(model, tokenizer, dataset, cfg: dict | None = None):
     return UnslothTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, args=args,
                           data_collator=make_collator(tokenizer, packed=True, device=device))
 
-# %% ../nbs/04b_pretrain.ipynb #7cc785b1
+# %% ../nbs/04b_pretrain.ipynb #21a69824
 def train_pretrain(config: dict, train_dataset=None, return_trainer: bool = False) -> dict:
     "Continued pretraining on prepared blocks from a training config; saves the adapter, returns the summary."
     from unsloth_prep import training as T
@@ -296,7 +304,8 @@ def train_pretrain(config: dict, train_dataset=None, return_trainer: bool = Fals
         out = Path(cfg["output_dir"]).resolve()
         trainer = pretrain_trainer(model, tok, ds, {**trainer_cfg, "output_dir": str(out / "checkpoints")})
         result = trainer.train()
-        trainer.model.save_pretrained(str(out / "adapter")); tok.save_pretrained(str(out / "adapter"))
+        trainer.model.save_pretrained(str(out / "adapter"))
+        tok.save_pretrained(str(out / "adapter"))
     curve = T.loss_curve(trainer.state.log_history)
     s = {"task": "pretrain", "steps": trainer.state.global_step, "first_loss": curve[0][1] if curve else None,
          "final_loss": curve[-1][1] if curve else None, "learning_rate": trainer.args.learning_rate,
