@@ -78,7 +78,22 @@ def _records(path, kind: str, text_field: str, txt_mode: str, on_error: str, rej
     docs = _iter_paragraphs(path) if txt_mode == "paragraph" else _iter_whole(path)
     return ((n, {text_field: t}) for n, t in docs)
 
-# %% ../nbs/04b_pretrain.ipynb #066a0f99
+# %% ../nbs/04b_pretrain.ipynb #04da42bc
+def _file_documents(path, text_field: str, txt_mode: str, on_error: str, rej, counts: dict):
+    "(file, line/row, text) of the non-empty documents of one file; bad records raise or become rejects."
+    kind = file_kind(path)
+    unit = "file" if kind == "text" and txt_mode == "file" else UNIT[kind]
+    for n, rec in _records(path, kind, text_field, txt_mode, on_error, rej):
+        try: text = _field_text(rec, text_field, f"{path}: {unit} {n}")
+        except ValueError as e:
+            if on_error == "raise": raise
+            rej.add(path, n, str(e).split(": ", 2)[-1], json.dumps(rec, ensure_ascii=False, default=str), unit)
+            continue
+        if not text.strip():
+            counts["empty_docs"] += 1
+            continue
+        yield path, n, text
+
 def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_error: str = "raise",
                    rejects=None, counts: dict | None = None) -> Iterator[tuple[str, int, str]]:
     "Yield `(file, line/row, text)` of every non-empty document in files, folders or globs, streamed."
@@ -88,18 +103,8 @@ def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_er
     counts = {} if counts is None else counts
     counts.setdefault("empty_docs", 0)
     for path in resolve_files(data):
-        kind = file_kind(path)
-        unit = "file" if kind == "text" and txt_mode == "file" else UNIT[kind]
-        for n, rec in _records(path, kind, text_field, txt_mode, on_error, rej):
-            try: text = _field_text(rec, text_field, f"{path}: {unit} {n}")
-            except ValueError as e:
-                if on_error == "raise": raise
-                rej.add(path, n, str(e).split(": ", 2)[-1], json.dumps(rec, ensure_ascii=False, default=str), unit)
-                continue
-            if not text.strip():
-                counts["empty_docs"] += 1
-                continue
-            yield path, n, text
+        try: yield from _file_documents(path, text_field, txt_mode, on_error, rej, counts)
+        except UnicodeDecodeError as e: raise ValueError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 # %% ../nbs/04b_pretrain.ipynb #268a378e
 def _encode(docs: Iterable, tok, batch_size: int = 1000, lengths: array | None = None) -> Iterator[list[int]]:
