@@ -20,11 +20,12 @@ __all__ = ['TXT_MODES', 'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER', 'iter_documents'
            'length_percentiles', 'pretrain_report', 'prepare_pretrain', 'block_efficiency', 'pretrain_args',
            'pretrain_main', 'pretrain_trainer', 'train_pretrain']
 
-# %% ../nbs/04b_pretrain.ipynb #47437e24
+# %% ../nbs/04b_pretrain.ipynb #b474eba5
 def _token_text(x):
     "A special token as a string (tokenizer_config.json stores some as {'content': ...})."
     return x.get("content") if isinstance(x, dict) else x
 
+# %% ../nbs/04b_pretrain.ipynb #851f509d
 def _text_tokenizer(path):
     "A `tokenizers.Tokenizer` and its EOS id from a model or tokenizer folder."
     from tokenizers import Tokenizer
@@ -40,12 +41,13 @@ def _text_tokenizer(path):
                          "documents need an end-of-text token between them")
     return tok, eos_id
 
-# %% ../nbs/04b_pretrain.ipynb #04f78f3f
+# %% ../nbs/04b_pretrain.ipynb #6be2db68
 def _iter_whole(path) -> Iterator[tuple[int, str]]:
     "Yield `(1, text)`: the whole text file as one document."
     with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
         yield 1, f.read()
 
+# %% ../nbs/04b_pretrain.ipynb #b9b8c9d1
 def _iter_paragraphs(path) -> Iterator[tuple[int, str]]:
     "Yield `(first line, paragraph)` for each blank-line-separated paragraph of a text file, one at a time."
     buf, first = [], 0
@@ -59,7 +61,7 @@ def _iter_paragraphs(path) -> Iterator[tuple[int, str]]:
                 buf = []
     if buf: yield first, "".join(buf).rstrip("\r\n")
 
-# %% ../nbs/04b_pretrain.ipynb #267e30f1
+# %% ../nbs/04b_pretrain.ipynb #971d1f68
 TXT_MODES = ("file", "paragraph", "line")
 
 def _field_text(rec, text_field: str, where: str) -> str:
@@ -71,6 +73,7 @@ def _field_text(rec, text_field: str, where: str) -> str:
         raise ValueError(f"{where}: field '{text_field}' must be a string, got {type(rec[text_field]).__name__}")
     return rec[text_field]
 
+# %% ../nbs/04b_pretrain.ipynb #215e5aab
 def _records(path, kind: str, text_field: str, txt_mode: str, on_error: str, rej):
     "(line/row, record) pairs of one file; a text file is cut into documents by `txt_mode`."
     if kind != "text": return iter_file(path, on_error, rej)
@@ -78,7 +81,7 @@ def _records(path, kind: str, text_field: str, txt_mode: str, on_error: str, rej
     docs = _iter_paragraphs(path) if txt_mode == "paragraph" else _iter_whole(path)
     return ((n, {text_field: t}) for n, t in docs)
 
-# %% ../nbs/04b_pretrain.ipynb #04da42bc
+# %% ../nbs/04b_pretrain.ipynb #e205fb51
 def _file_documents(path, text_field: str, txt_mode: str, on_error: str, rej, counts: dict):
     "(file, line/row, text) of the non-empty documents of one file; bad records raise or become rejects."
     kind = file_kind(path)
@@ -94,6 +97,7 @@ def _file_documents(path, text_field: str, txt_mode: str, on_error: str, rej, co
             continue
         yield path, n, text
 
+# %% ../nbs/04b_pretrain.ipynb #29281a34
 def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_error: str = "raise",
                    rejects=None, counts: dict | None = None) -> Iterator[tuple[str, int, str]]:
     "Yield `(file, line/row, text)` of every non-empty document in files, folders or globs, streamed."
@@ -115,7 +119,7 @@ def _encode(docs: Iterable, tok, batch_size: int = 1000, lengths: array | None =
             if lengths is not None: lengths.append(len(enc.ids))
             yield enc.ids
 
-# %% ../nbs/04b_pretrain.ipynb #2e1f8f9f
+# %% ../nbs/04b_pretrain.ipynb #2685b7a9
 def _track_ends(docs: Iterable, ends: deque) -> Iterator:
     "Pass documents through, recording the stream offset where each one ends (after its EOS)."
     total = 0
@@ -124,6 +128,7 @@ def _track_ends(docs: Iterable, ends: deque) -> Iterator:
         ends.append(total)
         yield d
 
+# %% ../nbs/04b_pretrain.ipynb #be51ec6d
 def _segments(ends: deque, start: int, n: int) -> np.ndarray:
     "Lengths of the document pieces inside the stream range [start, start + n)."
     while ends and ends[0] <= start: ends.popleft()
@@ -164,7 +169,16 @@ def _blocks_table(rows: list):
         cols[c] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
     return pa.table(cols)
 
-# %% ../nbs/04b_pretrain.ipynb #112c3748
+# %% ../nbs/04b_pretrain.ipynb #373c1f29
+def _write_group(writer, path, rows: list):
+    "Write one row group (opening the writer on first use, so an empty input still gets a schema)."
+    import pyarrow.parquet as pq
+    table = _blocks_table(rows)
+    writer = writer or pq.ParquetWriter(str(path), table.schema)
+    if rows: writer.write_table(table)
+    return writer
+
+# %% ../nbs/04b_pretrain.ipynb #137350b0
 def write_blocks(blocks: Iterable[dict], out, group_tokens: int = 1 << 18) -> int:
     "Stream blocks into Parquet at `out` (atomically) in row groups of about `group_tokens` tokens; return rows."
     rows, n, toks, writer = [], 0, 0, None
@@ -180,14 +194,6 @@ def write_blocks(blocks: Iterable[dict], out, group_tokens: int = 1 << 18) -> in
         finally:
             if writer is not None: writer.close()
     return n + len(rows)
-
-def _write_group(writer, path, rows: list):
-    "Write one row group (opening the writer on first use, so an empty input still gets a schema)."
-    import pyarrow.parquet as pq
-    table = _blocks_table(rows)
-    writer = writer or pq.ParquetWriter(str(path), table.schema)
-    if rows: writer.write_table(table)
-    return writer
 
 # %% ../nbs/04b_pretrain.ipynb #0d46f38f
 def length_percentiles(lengths, qs=(50, 90, 95, 99)) -> dict:
@@ -226,9 +232,9 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
                            keep_last=keep_last, empty_docs=counts["empty_docs"], rejected=rej.count,
                            rejected_lines=rej.lines[:20], out=str(out), seconds=round(time.perf_counter() - t0, 3))
 
-# %% ../nbs/04b_pretrain.ipynb #76a8ad07
+# %% ../nbs/04b_pretrain.ipynb #33e77333
 def block_efficiency(lengths, block_size: int, group: int | None = None) -> float:
-    "Share of tokens (EOS included) kept when documents are joined and cut into blocks, dropping each group's remainder."
+    "Share of tokens (EOS included) kept when documents are joined and cut into blocks, each group's remainder dropped."
     a = np.asarray(lengths, dtype=np.int64) + 1
     if len(a) == 0: return 0.0
     sums = np.add.reduceat(a, np.arange(0, len(a), group)) if group else np.array([a.sum()])
