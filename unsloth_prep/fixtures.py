@@ -225,13 +225,14 @@ def iter_corpus(n: int | None = None, seed: int = 0, median: int = 600, lang: st
         else: yield "\n\n".join(_words(rng, _length(rng, median // 2), one) for _ in range(rng.randint(1, 4)))
         i += 1
 
-# %% ../nbs/01_fixtures.ipynb #75ffe255
+# %% ../nbs/01_fixtures.ipynb #774089a9
 def _bad_text_line(kind: str, good: str, text_field: str) -> str:
     "A JSONL line that is invalid (malformed JSON, missing text field, non-string text)."
     if kind == "missing_field": return json.dumps({"body": "no text field here"})
     if kind == "not_string": return json.dumps({text_field: 12345})
     return _malformed(kind, good)
 
+# %% ../nbs/01_fixtures.ipynb #293c7c3f
 def _write_txt_corpus(folder: Path, docs: Iterator[str], info: dict):
     "One .txt file per document (empty documents are empty files)."
     folder.mkdir(parents=True, exist_ok=True)
@@ -276,10 +277,16 @@ def write_corpus(path, n: int, layout: str = "jsonl", seed: int = 0, median: int
             f.write(line + "\n")
     return info
 
-# %% ../nbs/01_fixtures.ipynb #a286e36e
+# %% ../nbs/01_fixtures.ipynb #bcf61137
 _PAIR_DEFECTS = {"pairs": ("identical", "empty_response", "repeats_prompt"),
                  "kto": ("empty_response", "repeats_prompt", "label_type")}
 
+def _defect_kinds(form: str) -> tuple:
+    "The planted defects of a record form; ValueError for an unknown form."
+    if form not in _PAIR_DEFECTS: raise ValueError(f"form must be 'pairs' or 'kto', not {form!r}")
+    return _PAIR_DEFECTS[form]
+
+# %% ../nbs/01_fixtures.ipynb #12c55824
 def _prompt_turns(rng: random.Random, lang: str) -> list:
     "A conversational prompt: optional system prompt, one to three user turns with assistant answers between them."
     msgs = [{"role": "system", "content": _words(rng, 60, lang)}] if rng.random() < 0.3 else []
@@ -291,12 +298,7 @@ def _prompt_turns(rng: random.Random, lang: str) -> list:
 def _answer(text: str) -> list:
     return [{"role": "assistant", "content": text}]
 
-def _defect_kinds(form: str) -> tuple:
-    "The planted defects of a record form; ValueError for an unknown form."
-    if form not in _PAIR_DEFECTS: raise ValueError(f"form must be 'pairs' or 'kto', not {form!r}")
-    return _PAIR_DEFECTS[form]
-
-# %% ../nbs/01_fixtures.ipynb #548e802e
+# %% ../nbs/01_fixtures.ipynb #2f2c21c9
 def _pair(rng: random.Random, lang: str, defect: str | None) -> dict:
     "One prompt/chosen/rejected record, with the planted defect if any."
     prompt = _prompt_turns(rng, lang)
@@ -306,6 +308,7 @@ def _pair(rng: random.Random, lang: str, defect: str | None) -> dict:
     elif defect == "repeats_prompt": chosen = prompt[-1]["content"]
     return {"prompt": prompt, "chosen": _answer(chosen), "rejected": _answer(rejected)}
 
+# %% ../nbs/01_fixtures.ipynb #2ea26a8e
 def _kto(rng: random.Random, lang: str, defect: str | None) -> dict:
     "One prompt/completion/label record, with the planted defect if any."
     prompt, label = _prompt_turns(rng, lang), rng.random() < 0.5
