@@ -11,7 +11,7 @@ from typing import Iterator
 # %% auto #0
 __all__ = ['CHATML_TEMPLATE', 'SPECIAL_TOKENS', 'TINY_SPEC', 'iter_records', 'write_records', 'default_cache_dir',
            'build_tokenizer', 'build_tiny_model', 'tiny_model', 'tiny_model_args', 'tiny_model_main', 'generate_args',
-           'generate_main']
+           'generate_main', 'iter_corpus', 'write_corpus', 'iter_pairs', 'write_pairs']
 
 # %% ../nbs/01_fixtures.ipynb #16559816
 _EN = ("the model data token memory batch train loss learn answer question user system file stream parquet "
@@ -236,3 +236,137 @@ def generate_main(args) -> dict:
                          gzip=out.endswith(".gz"))
     print(f"wrote {info['records']:,} records ({info['bytes'] / 2**20:.1f} MB) to {out}")
     return {k: v for k, v in info.items() if k != "malformed_lines"}
+
+# %% ../nbs/01_fixtures.ipynb #5638eb5f
+def iter_corpus(n: int | None = None, seed: int = 0, median: int = 600, lang: str = "mixed", empty_rate: float = 0.0,
+                huge_every: int = 0) -> Iterator[str]:
+    "Yield `n` (or endless) deterministic text documents, paragraphs separated by a blank line."
+    rng = random.Random(seed + 104729)
+    i = 0
+    while n is None or i < n:
+        one = lang if lang != "mixed" else rng.choice(("en", "zh"))
+        if huge_every and (i + 1) % huge_every == 0: yield _words(rng, 200_000, one)
+        elif rng.random() < empty_rate: yield rng.choice(("", " ", "\n\n"))
+        else: yield "\n\n".join(_words(rng, _length(rng, median // 2), one) for _ in range(rng.randint(1, 4)))
+        i += 1
+
+# %% ../nbs/01_fixtures.ipynb #774089a9
+def _bad_text_line(kind: str, good: str, text_field: str) -> str:
+    "A JSONL line that is invalid (malformed JSON, missing text field, non-string text)."
+    if kind == "missing_field": return json.dumps({"body": "no text field here"})
+    if kind == "not_string": return json.dumps({text_field: 12345})
+    return _malformed(kind, good)
+
+# %% ../nbs/01_fixtures.ipynb #293c7c3f
+def _write_txt_corpus(folder: Path, docs: Iterator[str], info: dict):
+    "One .txt file per document (empty documents are empty files)."
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, doc in enumerate(docs, 1):
+        (folder / f"doc_{i:05d}.txt").write_text(doc, encoding="utf-8")
+        info["records"] += 1
+        info["bytes"] += len(doc.encode())
+        if not doc.strip(): info["empty_lines"].append(i)
+        if len(doc) >= 200_000: info["huge_lines"].append(i)
+    info["files"] = info["records"]
+
+# %% ../nbs/01_fixtures.ipynb #fe22c006
+_TEXT_DEFECTS = ("truncated", "missing_field", "bare", "not_string", "two_objects")
+
+def write_corpus(path, n: int, layout: str = "jsonl", seed: int = 0, median: int = 600, lang: str = "mixed",
+                 empty_rate: float = 0.0, huge_every: int = 0, malformed_rate: float = 0.0,
+                 text_field: str = "text") -> dict:
+    "Write `n` generated documents as JSONL (`path` a file) or .txt files (`path` a folder); report the defects' lines."
+    if layout not in ("jsonl", "txt"): raise ValueError(f"layout must be 'jsonl' or 'txt', not {layout!r}")
+    path, rng = Path(path), random.Random(seed + 15485863)
+    info = {"path": str(path), "records": 0, "bytes": 0, "lines": 0, "empty_lines": [], "huge_lines": [],
+            "malformed": 0, "malformed_lines": []}
+    docs = iter_corpus(n, seed, median, lang, empty_rate, huge_every)
+    if layout == "txt":
+        _write_txt_corpus(path, docs, info)
+        return info
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for doc in docs:
+            line = json.dumps({text_field: doc}, ensure_ascii=False)
+            while malformed_rate and rng.random() < malformed_rate:
+                bad = _bad_text_line(_TEXT_DEFECTS[info["malformed"] % len(_TEXT_DEFECTS)], line, text_field)
+                info["malformed"] += 1
+                info["lines"] += 1
+                info["malformed_lines"].append(info["lines"])
+                f.write(bad + "\n")
+            info["lines"] += 1
+            info["records"] += 1
+            info["bytes"] += len(line.encode()) + 1
+            if not doc.strip(): info["empty_lines"].append(info["lines"])
+            if len(doc) >= 200_000: info["huge_lines"].append(info["lines"])
+            f.write(line + "\n")
+    return info
+
+# %% ../nbs/01_fixtures.ipynb #bcf61137
+_PAIR_DEFECTS = {"pairs": ("identical", "empty_response", "repeats_prompt"),
+                 "kto": ("empty_response", "repeats_prompt", "label_type")}
+
+def _defect_kinds(form: str) -> tuple:
+    "The planted defects of a record form; ValueError for an unknown form."
+    if form not in _PAIR_DEFECTS: raise ValueError(f"form must be 'pairs' or 'kto', not {form!r}")
+    return _PAIR_DEFECTS[form]
+
+# %% ../nbs/01_fixtures.ipynb #12c55824
+def _prompt_turns(rng: random.Random, lang: str) -> list:
+    "A conversational prompt: optional system prompt, one to three user turns with assistant answers between them."
+    msgs = [{"role": "system", "content": _words(rng, 60, lang)}] if rng.random() < 0.3 else []
+    for k in range(rng.choice((1, 1, 2, 3))):
+        if k: msgs.append({"role": "assistant", "content": _words(rng, _length(rng, 150, 2000), lang)})
+        msgs.append({"role": "user", "content": _words(rng, _length(rng, 120, 2000), lang)})
+    return msgs
+
+def _answer(text: str) -> list:
+    return [{"role": "assistant", "content": text}]
+
+# %% ../nbs/01_fixtures.ipynb #2f2c21c9
+def _pair(rng: random.Random, lang: str, defect: str | None) -> dict:
+    "One prompt/chosen/rejected record, with the planted defect if any."
+    prompt = _prompt_turns(rng, lang)
+    chosen, rejected = (_words(rng, _length(rng, 300, 4000), lang) for _ in range(2))
+    if defect == "identical": rejected = chosen
+    elif defect == "empty_response": rejected = ""
+    elif defect == "repeats_prompt": chosen = prompt[-1]["content"]
+    return {"prompt": prompt, "chosen": _answer(chosen), "rejected": _answer(rejected)}
+
+# %% ../nbs/01_fixtures.ipynb #2ea26a8e
+def _kto(rng: random.Random, lang: str, defect: str | None) -> dict:
+    "One prompt/completion/label record, with the planted defect if any."
+    prompt, label = _prompt_turns(rng, lang), rng.random() < 0.5
+    completion = _words(rng, _length(rng, 300, 4000), lang)
+    if defect == "empty_response": completion = ""
+    elif defect == "repeats_prompt": completion = prompt[-1]["content"]
+    elif defect == "label_type": label = rng.choice(("yes", 1, "false"))
+    return {"prompt": prompt, "completion": _answer(completion), "label": label}
+
+# %% ../nbs/01_fixtures.ipynb #ef747559
+def iter_pairs(n: int | None = None, form: str = "pairs", seed: int = 0, lang: str = "mixed",
+               defect_every: int = 0) -> Iterator[tuple[str | None, dict]]:
+    "Yield `(defect or None, record)`: preference pairs (`form='pairs'`) or KTO records (`form='kto'`)."
+    rng, kinds, planted, i = random.Random(seed + 32452843), _defect_kinds(form), 0, 0
+    while n is None or i < n:
+        defect = None
+        if defect_every and (i + 1) % defect_every == 0:
+            defect, planted = kinds[planted % len(kinds)], planted + 1
+        one = lang if lang != "mixed" else rng.choice(("en", "zh"))
+        yield defect, (_pair if form == "pairs" else _kto)(rng, one, defect)
+        i += 1
+
+# %% ../nbs/01_fixtures.ipynb #431f77a0
+def write_pairs(path, n: int, form: str = "pairs", seed: int = 0, lang: str = "mixed", defect_every: int = 0) -> dict:
+    "Write `n` generated preference (or KTO) records as JSONL; report the line of every planted defect by kind."
+    path, kinds = Path(path), _defect_kinds(form)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    info = {"path": str(path), "form": form, "records": 0, "bytes": 0, "defects": {k: [] for k in kinds}}
+    with open(path, "w", encoding="utf-8") as f:
+        for defect, rec in iter_pairs(n, form, seed, lang, defect_every):
+            line = json.dumps(rec, ensure_ascii=False) + "\n"
+            f.write(line)
+            info["records"] += 1
+            info["bytes"] += len(line.encode())
+            if defect: info["defects"][defect].append(info["records"])
+    return info
