@@ -9,16 +9,17 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TRAINER_DEFAULTS', 'TOKEN_COLUMNS', 'load_config', 'set_key', 'import_stack',
-           'hardware', 'resolve_settings', 'oom_recommendation', 'check_prepared', 'load_prepared', 'make_collator',
-           'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'build_trainer', 'loss_curve', 'plot_report',
-           'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
+__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TRAINER_DEFAULTS', 'TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SUMMARY_KEYS',
+           'load_config', 'set_key', 'import_stack', 'hardware', 'resolve_settings', 'oom_recommendation',
+           'check_prepared', 'load_prepared', 'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data',
+           'prepare_eval', 'checkpoint_marker', 'is_complete', 'latest_checkpoint', 'resume_path', 'build_trainer',
+           'loss_curve', 'plot_report', 'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
 
-# %% ../nbs/07_training.ipynb #2097ce1c
+# %% ../nbs/07_training.ipynb #d2c8d90b
 REQUIRED = object()
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SCHEMA = {
-    "data": {"path": REQUIRED, "streaming": False},
+    "data": {"path": REQUIRED, "streaming": False, "eval_path": None},
     "model": {"name": REQUIRED, "load_in_4bit": "auto", "dtype": "auto", "gpu": None, "trust_remote_code": False,
               "cpu_threads": None},
     "template": None,
@@ -30,6 +31,7 @@ SCHEMA = {
     "trainer": {},
     "output_dir": "unsloth_prep_run",
     "generate": {"prompt": "Explain why padding wastes memory.", "max_new_tokens": 24},
+    "early_stopping": {"patience": None, "threshold": 0.0},
 }
 TRAINER_DEFAULTS = dict(max_steps=60, learning_rate=2e-4, warmup_steps=5, lr_scheduler_type="linear", logging_steps=1,
                         optim="adamw_torch", weight_decay=0.0, seed=3407, report_to="none", save_strategy="no")
@@ -39,6 +41,7 @@ _ALIASES = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "
 _TYPES = {"trainer": dict, "data.path": (str, list), "data.streaming": bool, "model.name": str,
           "max_seq_length": int, "packing": bool, "model.cpu_threads": (int, type(None)), "lora.r": int, "lora.alpha": (int, float),
           "lora.dropout": (int, float), "lora.target_modules": (list, str), "output_dir": str, "template": (str, type(None))}
+_TYPES.update({"data.eval_path": (str, list), "early_stopping.patience": int, "early_stopping.threshold": (int, float)})
 
 
 def _where(src) -> str:
@@ -90,6 +93,8 @@ def load_config(src, overrides: dict | None = None) -> dict:
         fix = lambda q: q if os.path.isabs(q) or "://" in q else str(base / q)
         d = cfg["data"]["path"]
         cfg["data"]["path"] = [fix(q) for q in d] if isinstance(d, list) else fix(d)
+        e = cfg["data"]["eval_path"]
+        if e: cfg["data"]["eval_path"] = [fix(q) for q in e] if isinstance(e, list) else fix(e)
         cfg["output_dir"] = fix(cfg["output_dir"])
     cfg["_source"] = _where(src) if not isinstance(src, dict) else src.get("_source", "config")
     return cfg
@@ -251,7 +256,30 @@ class BatchProbe:
     def trained_tokens(self) -> int:
         return sum(t for _, t in self.built[: self.forwards])
 
-# %% ../nbs/07_training.ipynb #ec8f4289
+# %% ../nbs/07_training.ipynb #4ec88596
+def _schedule(cfg: dict, t: dict) -> dict:
+    "Save, eval and early-stopping settings implied by the config (explicit `trainer` keys win)."
+    given, out, src = cfg["trainer"], {}, cfg["_source"]
+    if given.get("save_steps") and "save_strategy" not in given:
+        out["save_strategy"] = "steps"
+    patience = (cfg.get("early_stopping") or {}).get("patience")
+    if not cfg["data"].get("eval_path"):
+        for k in ("eval_steps", "eval_strategy"):
+            if given.get(k) not in (None, "no"):
+                raise ValueError(f"{src}: 'trainer.{k}' needs 'data.eval_path' (the prepared eval Parquet)")
+        if patience:
+            raise ValueError(f"{src}: 'early_stopping.patience' needs 'data.eval_path' (the eval loss it watches)")
+        return out
+    if "eval_strategy" not in given:
+        out["eval_strategy"] = "steps"
+    if "eval_steps" not in given:
+        out["eval_steps"] = given.get("save_steps") or max(1, (t.get("max_steps") or 100) // 10)
+    out.setdefault("per_device_eval_batch_size", t.get("per_device_train_batch_size", 8))
+    if patience:
+        out.update(metric_for_best_model="eval_loss", greater_is_better=False)
+    return out
+
+# %% ../nbs/07_training.ipynb #aee15485
 _RESERVED_TRAINER_KEYS = {"output_dir": "output_dir (top level)", "max_length": "max_seq_length (top level)",
                           "max_seq_length": "max_seq_length (top level)", "packing": "packing (top level)",
                           "dataset_kwargs": None, "remove_unused_columns": None, "dataset_text_field": None,
@@ -275,20 +303,22 @@ def sft_config(cfg: dict, settings: dict, hw: dict):
     t = dict(settings["trainer"])
     if cfg["data"]["streaming"] and (t.get("max_steps") or -1) <= 0:
         raise ValueError(f"{cfg['_source']}: streaming data needs 'trainer.max_steps' > 0 (its length is unknown)")
+    t.update(_schedule(cfg, t))
     dtype = settings["dtype"]
     return SFTConfig(output_dir=str(Path(cfg["output_dir"]) / "checkpoints"), max_length=cfg["max_seq_length"],
                      dataset_kwargs={"skip_prepare_dataset": True}, remove_unused_columns=False,
                      bf16=dtype == "bfloat16" and hw["device"] == "cuda", fp16=dtype == "float16" and hw["device"] == "cuda",
                      dataloader_num_workers=0, **t)
 
-# %% ../nbs/07_training.ipynb #80049e57
+# %% ../nbs/07_training.ipynb #0e7a3799
 def load_model(cfg: dict, settings: dict):
     "Unsloth `FastLanguageModel.from_pretrained` (local path or Hub name) + LoRA via `get_peft_model`."
     import_stack()
     import torch
     from unsloth import FastLanguageModel
     m, lora = cfg["model"], settings["lora"]
-    if m["cpu_threads"] and not torch.cuda.is_available(): torch.set_num_threads(int(m["cpu_threads"]))
+    if m["cpu_threads"] and not torch.cuda.is_available():
+        torch.set_num_threads(int(m["cpu_threads"]))
     model, tok = FastLanguageModel.from_pretrained(
         model_name=m["name"], max_seq_length=cfg["max_seq_length"], dtype=getattr(torch, settings["dtype"]),
         load_in_4bit=settings["load_in_4bit"], trust_remote_code=m["trust_remote_code"])
@@ -303,7 +333,7 @@ def load_model(cfg: dict, settings: dict):
         use_rslora=lora["use_rslora"], modules_to_save=lora["modules_to_save"], max_seq_length=cfg["max_seq_length"])
     return model, tok
 
-# %% ../nbs/07_training.ipynb #3a7e3871
+# %% ../nbs/07_training.ipynb #18d7ed96
 def prepare_data(cfg: dict, train_dataset=None):
     "The training rows: given Dataset/IterableDataset or prepared Parquet; checked, packed when asked."
     if train_dataset is None:
@@ -312,7 +342,8 @@ def prepare_data(cfg: dict, train_dataset=None):
     else:
         ds, source = train_dataset, "train_dataset"
         keep = [c for c in (ds.column_names or []) if c in TOKEN_COLUMNS]
-        if keep: ds = ds.select_columns(keep)
+        if keep:
+            ds = ds.select_columns(keep)
     info = check_prepared(ds, source, max_len=cfg["max_seq_length"])
     if cfg["packing"] and not info["packed"]:
         ds = _pack(ds, cfg["max_seq_length"])
@@ -327,8 +358,112 @@ def _pack(ds, max_seq_length: int):
     from unsloth_prep.collators import pack_dataset
     return pack_dataset(ds, max_seq_length)
 
-# %% ../nbs/07_training.ipynb #1ddfff3f
-def build_trainer(config, train_dataset=None, keep_batches: int = 0, callbacks=None):
+# %% ../nbs/07_training.ipynb #51146ef3
+def prepare_eval(cfg: dict, packed: bool, eval_dataset=None):
+    "The eval rows (`data.eval_path` or a given Dataset), in the training layout; None when there are none."
+    if eval_dataset is None and not cfg["data"].get("eval_path"):
+        return None, None
+    ecfg = {**cfg, "packing": packed, "data": {**cfg["data"], "path": cfg["data"]["eval_path"], "streaming": False}}
+    ds, info = prepare_data(ecfg, eval_dataset)
+    if info["packed"] != packed:
+        raise ValueError(f"{info['source']}: eval rows are packed but the training rows are not (data.eval_path)")
+    return ds, info
+
+# %% ../nbs/07_training.ipynb #99f035f2
+def _eval_with(trainer, collator):
+    "Build eval batches with `collator` (the training collator without its probe, so token counts stay training's)."
+    get = trainer.get_eval_dataloader
+
+    def get_eval_dataloader(eval_dataset=None):
+        probe = trainer.data_collator
+        trainer.data_collator = collator
+        try:
+            return get(eval_dataset)
+        finally:
+            trainer.data_collator = probe
+    trainer.get_eval_dataloader = get_eval_dataloader
+    return trainer
+
+# %% ../nbs/07_training.ipynb #1f1ac222
+CHECKPOINT_DONE = "checkpoint_complete.json"
+
+
+def checkpoint_marker():
+    "A `TrainerCallback` writing `CHECKPOINT_DONE` into each checkpoint once the Trainer has saved all of it."
+    from transformers import TrainerCallback
+    from unsloth_prep.loading import atomic_path
+
+    class CheckpointMarker(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_world_process_zero and folder.is_dir():
+                with atomic_path(folder / CHECKPOINT_DONE) as tmp:
+                    tmp.write_text(json.dumps({"step": state.global_step, "time": time.time()}))
+    return CheckpointMarker()
+
+# %% ../nbs/07_training.ipynb #6690cdad
+def is_complete(checkpoint) -> bool:
+    "True for a checkpoint folder the Trainer finished: the completion marker and a readable `trainer_state.json`."
+    folder = Path(checkpoint)
+    try:
+        json.loads((folder / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (folder / CHECKPOINT_DONE).exists()
+
+
+def latest_checkpoint(folder) -> Path | None:
+    "The complete checkpoint with the highest step in `folder`; half-written ones are never picked."
+    found = []
+    for d in Path(folder).glob("checkpoint-*"):
+        step = d.name.split("-", 1)[1]
+        if step.isdigit() and is_complete(d):
+            found.append((int(step), d))
+    return max(found)[1] if found else None
+
+# %% ../nbs/07_training.ipynb #2bd6e151
+def resume_path(folder, resume=None) -> str | None:
+    "Checkpoint to resume from: None (fresh run), 'latest' (fresh when there is none yet) or a checkpoint folder."
+    if not resume:
+        return None
+    if resume == "latest":
+        found = latest_checkpoint(folder)
+        if found is None:
+            print(f"note: no complete checkpoint in {folder}; starting at step 0")
+            return None
+        _drop_incomplete(folder)
+        return str(found)
+    d = Path(resume)
+    if not d.is_dir():
+        raise FileNotFoundError(f"{d}: checkpoint folder not found (--resume)")
+    try:
+        json.loads((d / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"{d}: not a complete checkpoint (no readable trainer_state.json); "
+                         "use --resume latest to pick the newest complete one") from None
+    return str(d.resolve())
+
+# %% ../nbs/07_training.ipynb #9e7492a6
+def _drop_incomplete(folder):
+    "Remove half-written checkpoint folders (the resumed run writes those steps again)."
+    import shutil
+    for d in Path(folder).glob("checkpoint-*"):
+        if d.is_dir() and not is_complete(d):
+            print(f"note: removing half-written checkpoint {d}")
+            shutil.rmtree(d)
+
+# %% ../nbs/07_training.ipynb #76c8f689
+def _run_callbacks(cfg: dict, callbacks=None) -> list:
+    "The caller's callbacks, the checkpoint-completion marker and, when asked, early stopping on the eval loss."
+    out = [*(callbacks or []), checkpoint_marker()]
+    es = cfg.get("early_stopping") or {}
+    if es.get("patience"):
+        from transformers import EarlyStoppingCallback
+        out.append(EarlyStoppingCallback(es["patience"], es.get("threshold") or 0.0))
+    return out
+
+# %% ../nbs/07_training.ipynb #e18c9c00
+def build_trainer(config, train_dataset=None, keep_batches: int = 0, callbacks=None, eval_dataset=None):
     "Everything before `trainer.train()`: config, settings, data, model, LoRA, collator + probe, SFTTrainer."
     cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
     import_stack()
@@ -336,51 +471,68 @@ def build_trainer(config, train_dataset=None, keep_batches: int = 0, callbacks=N
     settings = resolve_settings(cfg, hw)
     args = sft_config(cfg, settings, hw)            # validates trainer keys before the slow parts
     ds, data_info = prepare_data(cfg, train_dataset)
+    eval_ds, eval_info = prepare_eval(cfg, data_info["packed"], eval_dataset)
     model, tok = load_model(cfg, settings)
     from trl import SFTTrainer
     probe = BatchProbe(make_collator(tok, data_info["packed"], hw["device"]), keep=keep_batches)
-    trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=ds, data_collator=probe, args=args,
-                         callbacks=callbacks)
+    trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=ds, eval_dataset=eval_ds,
+                         data_collator=probe, args=args, callbacks=_run_callbacks(cfg, callbacks))
+    _eval_with(trainer, probe.collator)
     trainer.model.register_forward_pre_hook(probe.hook, with_kwargs=True)
-    ctx = {"cfg": cfg, "hw": hw, "settings": settings, "data": data_info, "probe": probe, "tokenizer": tok}
+    ctx = {"cfg": cfg, "hw": hw, "settings": settings, "data": data_info, "eval": eval_info, "probe": probe,
+           "tokenizer": tok}
     return trainer, ctx
 
-# %% ../nbs/07_training.ipynb #60ff23df
-def loss_curve(log_history: list) -> list:
-    "(step, loss) pairs from `trainer.state.log_history` (training logs only)."
-    return [(h["step"], float(h["loss"])) for h in log_history if "loss" in h and "step" in h]
+# %% ../nbs/07_training.ipynb #b0614a76
+def loss_curve(log_history: list, key: str = "loss") -> list:
+    "(step, value) pairs of `key` from `trainer.state.log_history`: 'loss' (training) or 'eval_loss'."
+    return [(h["step"], float(h[key])) for h in log_history if key in h and "step" in h]
 
-
+# %% ../nbs/07_training.ipynb #f90b745d
 def plot_report(report: dict, figsize=(6, 3)):
-    "Two panels: the loss curve and RSS over the run (with the training window shaded)."
+    "Two panels: training and eval loss per step, and RSS over the run (with the training window shaded)."
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=figsize, dpi=80)
-    if report["loss_curve"]:
-        s, l = zip(*report["loss_curve"]); a.plot(s, l, marker=".", lw=1)
-    a.set_xlabel("step"); a.set_ylabel("training loss"); a.set_title("loss", fontsize=9)
+    for key, label, style in (("loss_curve", "training", "."), ("eval_curve", "eval", "o")):
+        if report.get(key):
+            steps, losses = zip(*report[key])
+            a.plot(steps, losses, marker=style, lw=1, label=label)
+    a.set_xlabel("step")
+    a.set_ylabel("loss")
+    a.legend(fontsize=7)
     if report.get("rss_timeline"):
-        t, mb = zip(*report["rss_timeline"]); b.plot(t, mb, lw=1)
-    if report.get("train_window"): b.axvspan(*report["train_window"], alpha=0.15, label="trainer.train()")
-    b.set_xlabel("seconds"); b.set_ylabel("RSS MB"); b.legend(fontsize=7, loc="lower right")
+        t, mb = zip(*report["rss_timeline"])
+        b.plot(t, mb, lw=1)
+    if report.get("train_window"):
+        b.axvspan(*report["train_window"], alpha=0.15, label="trainer.train()")
+        b.legend(fontsize=7, loc="lower right")
+    b.set_xlabel("seconds")
+    b.set_ylabel("RSS MB")
     cuda = report.get("cuda_peak_mb")
-    b.set_title(f"peak RSS {report['peak_rss_mb']:.0f} MB" + (f", CUDA {cuda['allocated']:.0f} MB" if cuda else ""), fontsize=9)
+    b.set_title(f"peak RSS {report['peak_rss_mb']:.0f} MB" + (f", CUDA {cuda['allocated']:.0f} MB" if cuda else ""),
+                fontsize=9)
     fig.tight_layout()
     return fig
 
-
+# %% ../nbs/07_training.ipynb #ed42f799
 def write_report(report: dict, out_dir) -> tuple[Path, Path]:
     "Save the report as JSON and PNG in `out_dir`; returns both paths."
-    import matplotlib; import matplotlib.pyplot as plt
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    import matplotlib.pyplot as plt
+    from unsloth_prep.loading import atomic_path
+    out = Path(out_dir)
     jp, pp = out / "report.json", out / "report.png"
-    tmp = jp.with_suffix(".json.tmp"); tmp.write_text(json.dumps(report, indent=1, default=str)); tmp.replace(jp)
-    fig = plot_report(report); fig.savefig(pp); plt.close(fig)
+    with atomic_path(jp) as tmp:
+        tmp.write_text(json.dumps(report, indent=1, default=str))
+    fig = plot_report(report)
+    fig.savefig(pp)
+    plt.close(fig)
     return jp, pp
 
 
 def _thin(timeline: list, n: int = 400) -> list:
     "At most n points of a timeline, keeping the peak."
-    if len(timeline) <= n: return [(round(t, 3), round(m, 1)) for t, m in timeline]
+    if len(timeline) <= n:
+        return [(round(t, 3), round(m, 1)) for t, m in timeline]
     step = len(timeline) / n
     pts = [timeline[int(i * step)] for i in range(n)] + [max(timeline, key=lambda x: x[1]), timeline[-1]]
     return [(round(t, 3), round(m, 1)) for t, m in sorted(set(pts))]
@@ -411,63 +563,96 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> str:
                              pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
     return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
 
-# %% ../nbs/07_training.ipynb #b7315cfa
-def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, return_trainer: bool = False) -> dict:
-    "Train LoRA on prepared data from a config (YAML path or dict); save adapter, tokenizer and report; return the summary."
-    from unsloth_prep.memory import track
-    t0 = time.perf_counter()
-    with track("train", interval=0.02) as mem:
-        trainer, ctx = build_trainer(config, train_dataset, keep_batches=keep_batches, callbacks=callbacks)
-        cfg, probe, tok = ctx["cfg"], ctx["probe"], ctx["tokenizer"]
-        t_train = time.perf_counter() - t0
-        result = trainer.train()
-        t_end = time.perf_counter() - t0
-        out = Path(cfg["output_dir"]).resolve(); adapter = out / "adapter"
-        trainer.model.save_pretrained(str(adapter)); tok.save_pretrained(str(adapter))
-    curve = loss_curve(trainer.state.log_history)
-    secs = result.metrics.get("train_runtime", t_end - t_train)
-    report = {
+# %% ../nbs/07_training.ipynb #689f50d7
+def _report(trainer, ctx: dict, mem, result, window: list) -> dict:
+    "The run's report: what ran, losses (training and eval), tokens, time and memory."
+    cfg, probe, st = ctx["cfg"], ctx["probe"], ctx["settings"]
+    hist = trainer.state.log_history
+    curve, evals = loss_curve(hist), loss_curve(hist, "eval_loss")
+    secs = result.metrics.get("train_runtime", window[1] - window[0])
+    mode = getattr(probe.collator, "mode", None)
+    scalars = (int, float, str, bool, type(None))
+    return {
         "model": cfg["model"]["name"], "data": ctx["data"]["source"], "packed": ctx["data"]["packed"],
-        "collator": type(probe.collator).__name__ + (f"(mode={probe.collator.mode!r})" if hasattr(probe.collator, "mode") else ""),
-        "device": ctx["hw"], "dtype": ctx["settings"]["dtype"], "settings_source": ctx["settings"]["source"],
-        "settings": {"lora": ctx["settings"]["lora"], "load_in_4bit": ctx["settings"]["load_in_4bit"],
-                     "trainer": {k: v for k, v in ctx["settings"]["trainer"].items() if isinstance(v, (int, float, str, bool, type(None)))}},
+        "eval_data": (ctx["eval"] or {}).get("source"),
+        "collator": type(probe.collator).__name__ + (f"(mode={mode!r})" if mode else ""),
+        "device": ctx["hw"], "dtype": st["dtype"], "settings_source": st["source"],
+        "settings": {"lora": st["lora"], "load_in_4bit": st["load_in_4bit"],
+                     "trainer": {k: v for k, v in st["trainer"].items() if isinstance(v, scalars)}},
         "steps": trainer.state.global_step, "first_loss": curve[0][1] if curve else None,
         "final_loss": curve[-1][1] if curve else None, "loss_curve": curve,
+        "eval_curve": evals, "final_eval_loss": evals[-1][1] if evals else None,
         "train_seconds": round(secs, 3), "tokens": probe.tokens, "trained_tokens": probe.trained_tokens,
         "tokens_per_s": round(probe.tokens / secs, 1) if secs else None,
         "peak_rss_mb": round(mem.peak_mb, 1), "baseline_rss_mb": round(mem.baseline_mb, 1),
-        "cuda_peak_mb": mem.cuda_peak_mb, "train_window": [round(t_train, 3), round(t_end, 3)],
-        "rss_timeline": _thin(mem.timeline), "adapter": str(adapter), "seconds": round(mem.seconds, 3),
+        "cuda_peak_mb": mem.cuda_peak_mb, "train_window": window, "rss_timeline": _thin(mem.timeline),
+        "seconds": round(mem.seconds, 3),
     }
+
+# %% ../nbs/07_training.ipynb #d6121b02
+SUMMARY_KEYS = ("first_loss", "final_loss", "final_eval_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
+                "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter", "resumed_from")
+
+
+def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, return_trainer: bool = False,
+          resume=None, eval_dataset=None) -> dict:
+    "Train LoRA from a config (YAML path or dict), resuming from a checkpoint when asked ('latest' or a folder)."
+    from unsloth_prep.memory import track
+    cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
+    out = Path(cfg["output_dir"]).resolve()
+    ckpt = resume_path(out / "checkpoints", resume)
+    t0 = time.perf_counter()
+    with track("train", interval=0.02) as mem:
+        trainer, ctx = build_trainer(cfg, train_dataset, keep_batches, callbacks, eval_dataset)
+        t_train = time.perf_counter() - t0
+        result = trainer.train(resume_from_checkpoint=ckpt)
+        t_end = time.perf_counter() - t0
+        adapter = out / "adapter"
+        trainer.model.save_pretrained(str(adapter))
+        ctx["tokenizer"].save_pretrained(str(adapter))
+    report = _report(trainer, ctx, mem, result, [round(t_train, 3), round(t_end, 3)])
+    report.update(adapter=str(adapter), resumed_from=ckpt)
     if cfg["generate"] and cfg["generate"].get("prompt"):
-        if not return_trainer: del trainer
-        _free_cuda()
-        model, tok2 = load_adapter(adapter, cfg["max_seq_length"], ctx["settings"]["load_in_4bit"])
-        report["generated"] = {"prompt": cfg["generate"]["prompt"],
-                               "text": generate(model, tok2, cfg["generate"]["prompt"], cfg["generate"]["max_new_tokens"])}
-        del model
+        if not return_trainer:
+            del trainer
+        report["generated"] = _generate_after(cfg, ctx, adapter)
     jp, pp = write_report(report, out)
-    summary = {k: report[k] for k in ("first_loss", "final_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
-                                      "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter")}
+    summary = {k: report[k] for k in SUMMARY_KEYS}
     summary.update(seconds=round(time.perf_counter() - t0, 3), report=str(jp), report_png=str(pp),
                    device=ctx["hw"]["device"], generated=report.get("generated", {}).get("text"))
-    if return_trainer: summary["_trainer"], summary["_ctx"] = trainer, ctx
+    if return_trainer:
+        summary["_trainer"], summary["_ctx"] = trainer, ctx
     return summary
+
+# %% ../nbs/07_training.ipynb #c2d6dd79
+def _generate_after(cfg: dict, ctx: dict, adapter) -> dict:
+    "Reload the saved adapter (so the round trip is tested) and answer the config's prompt."
+    _free_cuda()
+    model, tok = load_adapter(adapter, cfg["max_seq_length"], ctx["settings"]["load_in_4bit"])
+    g = cfg["generate"]
+    text = generate(model, tok, g["prompt"], g["max_new_tokens"])
+    del model
+    _free_cuda()
+    return {"prompt": g["prompt"], "text": text}
 
 
 def _free_cuda():
-    import gc; gc.collect()
+    import gc
+    gc.collect()
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available(): torch.cuda.empty_cache()
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
-# %% ../nbs/07_training.ipynb #132a719e
+# %% ../nbs/07_training.ipynb #47a3ebe5
 def train_args(parser):
     "Arguments of `unsloth-prep train CONFIG.yaml`."
     parser.add_argument("config", help="YAML config: data, model, template, max_seq_length, packing, lora, trainer")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set trainer.max_steps=10 (value parsed as YAML)")
     parser.add_argument("--output-dir", default=None, help="override output_dir")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
+                        help="continue from the newest complete checkpoint in OUTPUT_DIR/checkpoints (or PATH); "
+                             "'latest' starts at step 0 when there is none yet")
     return parser
 
 
@@ -476,14 +661,19 @@ def train_main(args) -> dict:
     import yaml
     overrides = {}
     for kv in args.set:
-        if "=" not in kv: raise ValueError(f"--set {kv!r}: expected KEY=VALUE")
-        k, v = kv.split("=", 1); overrides[k.strip()] = yaml.safe_load(v)
-    if args.output_dir: overrides["output_dir"] = os.path.abspath(args.output_dir)
-    cfg = load_config(args.config, overrides)
-    s = train(cfg)
+        if "=" not in kv:
+            raise ValueError(f"--set {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        overrides[k.strip()] = yaml.safe_load(v)
+    if args.output_dir:
+        overrides["output_dir"] = os.path.abspath(args.output_dir)
+    s = train(load_config(args.config, overrides), resume=args.resume)
     f = lambda x: "n/a" if x is None else f"{x:.3f}"
-    print(f"loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps, {s['tokens_per_s']} tokens/s, "
-          f"peak RSS {s['peak_rss_mb']:.0f} MB")
+    if s["resumed_from"]:
+        print(f"resumed from {s['resumed_from']}")
+    print(f"loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps (eval loss "
+          f"{f(s['final_eval_loss'])}), {s['tokens_per_s']} tokens/s, peak RSS {s['peak_rss_mb']:.0f} MB")
     print(f"adapter: {s['adapter']}\nreport: {s['report']} (+ {s['report_png']})")
-    if s.get("generated") is not None: print(f"generated: {s['generated']!r}")
+    if s.get("generated") is not None:
+        print(f"generated: {s['generated']!r}")
     return s
