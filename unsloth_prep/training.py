@@ -10,10 +10,10 @@ from typing import Any
 
 # %% auto #0
 __all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TRAINER_DEFAULTS', 'TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SUMMARY_KEYS',
-           'load_config', 'set_key', 'import_stack', 'hardware', 'resolve_settings', 'oom_recommendation',
+           'load_config', 'set_key', 'import_stack', 'hardware', 'oom_recommendation', 'resolve_settings',
            'check_prepared', 'load_prepared', 'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data',
            'prepare_eval', 'checkpoint_marker', 'is_complete', 'latest_checkpoint', 'resume_path', 'build_trainer',
-           'loss_curve', 'plot_report', 'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
+           'loss_curve', 'plot_report', 'write_report', 'train', 'load_adapter', 'generate', 'train_args', 'train_main']
 
 # %% ../nbs/07_training.ipynb #d2c8d90b
 REQUIRED = object()
@@ -108,7 +108,7 @@ def set_key(cfg: dict, dotted: str, value) -> dict:
     d[last] = value
     return cfg
 
-# %% ../nbs/07_training.ipynb #8f0c6bc4
+# %% ../nbs/07_training.ipynb #f5be14a8
 def import_stack():
     "Import unsloth before transformers/trl (its patches need that order) and return (unsloth, torch, trl)."
     if "unsloth" not in sys.modules and ("trl" in sys.modules or "transformers" in sys.modules):
@@ -116,7 +116,7 @@ def import_stack():
     import unsloth, torch, trl
     return unsloth, torch, trl
 
-
+# %% ../nbs/07_training.ipynb #0c498424
 def hardware() -> dict:
     "Device and precision: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."
     import torch
@@ -127,32 +127,6 @@ def hardware() -> dict:
                 "dtype": "bfloat16" if bf16 else "float16", "bf16": bf16, "fp16": not bf16}
     return {"device": "cpu", "name": f"cpu x{torch.get_num_threads()}", "vram_gb": None,
             "dtype": "float32", "bf16": False, "fp16": False}
-
-# %% ../nbs/07_training.ipynb #0f38b12b
-def resolve_settings(cfg: dict, hw: dict) -> dict:
-    "Settings for the run: the OOM notebook's recommendation on a GPU, defaults on CPU; explicit config values win."
-    rec, source = {}, "defaults"
-    gpu = cfg["model"]["gpu"] or (f"{hw['vram_gb']}GB" if hw["device"] == "cuda" else None)
-    if gpu is not None:
-        try:
-            rec, source = oom_recommendation(cfg, gpu), f"oom.recommend(gpu={gpu!r})"
-        except Exception as e: print(f"warning: no OOM recommendation ({type(e).__name__}: {e}); using defaults")
-    lora = dict(cfg["lora"])
-    if lora["use_gradient_checkpointing"] == "auto":
-        lora["use_gradient_checkpointing"] = rec.get("use_gradient_checkpointing", "unsloth")
-    load_4bit = cfg["model"]["load_in_4bit"]
-    if load_4bit == "auto": load_4bit = rec.get("load_in_4bit", False)
-    if hw["device"] != "cuda" and load_4bit:
-        print("note: 4-bit loading needs a GPU; loading in full precision on CPU"); load_4bit = False
-    trainer = {**TRAINER_DEFAULTS, **{k: rec[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "optim") if k in rec}}
-    trainer.setdefault("per_device_train_batch_size", 2); trainer.setdefault("gradient_accumulation_steps", 1)
-    trainer.update(cfg["trainer"])
-    dtype = cfg["model"]["dtype"]
-    if dtype == "auto": dtype = hw["dtype"]
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"{cfg['_source']}: 'model.dtype' must be auto, float32, bfloat16 or float16, got {dtype!r}")
-    return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
-            "recommendation": rec}
 
 # %% ../nbs/07_training.ipynb #a4c635bd
 def oom_recommendation(cfg: dict, gpu) -> dict:
@@ -165,48 +139,90 @@ def oom_recommendation(cfg: dict, gpu) -> dict:
            "fits": r.get("fits"), "estimated_gb": r.get("estimated_gb")}
     return out
 
-# %% ../nbs/07_training.ipynb #1ff1a5cb
-TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "seq_lengths")
+# %% ../nbs/07_training.ipynb #7afc7ca8
+_REC_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim")
 
 
+def resolve_settings(cfg: dict, hw: dict) -> dict:
+    "Settings for the run: the OOM notebook's recommendation on a GPU, defaults on CPU; explicit config values win."
+    rec, source = {}, "defaults"
+    gpu = cfg["model"]["gpu"] or (f"{hw['vram_gb']}GB" if hw["device"] == "cuda" else None)
+    if gpu is not None:
+        try:
+            rec, source = oom_recommendation(cfg, gpu), f"oom.recommend(gpu={gpu!r})"
+        except Exception as e:
+            print(f"warning: no OOM recommendation ({type(e).__name__}: {e}); using defaults")
+    lora = dict(cfg["lora"])
+    if lora["use_gradient_checkpointing"] == "auto":
+        lora["use_gradient_checkpointing"] = rec.get("use_gradient_checkpointing", "unsloth")
+    load_4bit = cfg["model"]["load_in_4bit"]
+    if load_4bit == "auto":
+        load_4bit = rec.get("load_in_4bit", False)
+    if hw["device"] != "cuda" and load_4bit:
+        print("note: 4-bit loading needs a GPU; loading in full precision on CPU")
+        load_4bit = False
+    trainer = {**TRAINER_DEFAULTS, **{k: rec[k] for k in _REC_KEYS if k in rec}}
+    trainer.setdefault("per_device_train_batch_size", 2)
+    trainer.setdefault("gradient_accumulation_steps", 1)
+    trainer.update(cfg["trainer"])
+    dtype = hw["dtype"] if cfg["model"]["dtype"] == "auto" else cfg["model"]["dtype"]
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"{cfg['_source']}: 'model.dtype' must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
+            "recommendation": rec}
+
+# %% ../nbs/07_training.ipynb #3801e3fa
 def _files(path) -> list[str]:
     "Expand a Parquet file, folder or glob (or a list of them) into files; a clear error when nothing matches."
     out = []
     for p in (path if isinstance(path, list) else [path]):
         p = str(p)
-        if os.path.isdir(p): hits = sorted(_glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
-        elif any(c in p for c in "*?["): hits = sorted(_glob.glob(p, recursive=True))
-        else: hits = [p] if os.path.exists(p) else []
-        if not hits: raise FileNotFoundError(f"{p}: no prepared Parquet file found (data.path)")
+        if os.path.isdir(p):
+            hits = sorted(_glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
+        elif any(c in p for c in "*?["):
+            hits = sorted(_glob.glob(p, recursive=True))
+        else:
+            hits = [p] if os.path.exists(p) else []
+        if not hits:
+            raise FileNotFoundError(f"{p}: no prepared Parquet file found (data.path)")
         out += hits
     return out
 
+# %% ../nbs/07_training.ipynb #b3f88906
+def _check_row(row: dict, i: int, source: str, max_len: int | None):
+    "One prepared row: equal lengths, within max_len, something to train on, seq_lengths adding up."
+    ids, lab = row["input_ids"], row["labels"]
+    if len(lab) != len(ids):
+        raise ValueError(f"{source}: row {i}: field 'labels' has {len(lab)} tokens but 'input_ids' has {len(ids)}")
+    if row.get("attention_mask") is not None and len(row["attention_mask"]) != len(ids):
+        raise ValueError(f"{source}: row {i}: field 'attention_mask' length differs from 'input_ids'")
+    if max_len and len(ids) > max_len:
+        raise ValueError(f"{source}: row {i}: field 'input_ids' has {len(ids)} tokens > max_seq_length {max_len}")
+    if all(x == -100 for x in lab):
+        raise ValueError(f"{source}: row {i}: field 'labels' is all -100 (nothing to train on)")
+    if row.get("seq_lengths") is not None and sum(row["seq_lengths"]) != len(ids):
+        raise ValueError(f"{source}: row {i}: field 'seq_lengths' sums to {sum(row['seq_lengths'])}, "
+                         f"not {len(ids)} tokens")
 
+# %% ../nbs/07_training.ipynb #72381114
 def check_prepared(ds, source: str = "dataset", rows: int = 64, max_len: int | None = None) -> dict:
     "Check the first `rows` rows have the tokenized form; ValueError names the source, row and field."
     cols = list(ds.column_names or []) if getattr(ds, "column_names", None) else list(next(iter(ds)).keys())
     for need in ("input_ids", "labels"):
         if need not in cols:
             raise ValueError(f"{source}: missing column '{need}' (have {cols}); run `unsloth-prep prepare` first")
-    packed = "seq_lengths" in cols or "position_ids" in cols
     n = 0
     for i, row in enumerate(ds):
-        if i >= rows: break
-        ids, lab = row["input_ids"], row["labels"]
-        if len(lab) != len(ids):
-            raise ValueError(f"{source}: row {i}: field 'labels' has {len(lab)} tokens but 'input_ids' has {len(ids)}")
-        if row.get("attention_mask") is not None and len(row["attention_mask"]) != len(ids):
-            raise ValueError(f"{source}: row {i}: field 'attention_mask' length differs from 'input_ids'")
-        if max_len and len(ids) > max_len:
-            raise ValueError(f"{source}: row {i}: field 'input_ids' has {len(ids)} tokens > max_seq_length {max_len}")
-        if all(x == -100 for x in lab):
-            raise ValueError(f"{source}: row {i}: field 'labels' is all -100 (nothing to train on)")
-        if row.get("seq_lengths") is not None and sum(row["seq_lengths"]) != len(ids):
-            raise ValueError(f"{source}: row {i}: field 'seq_lengths' sums to {sum(row['seq_lengths'])}, "
-                             f"not {len(ids)} tokens")
+        if i >= rows:
+            break
+        _check_row(row, i, source, max_len)
         n += 1
-    if n == 0: raise ValueError(f"{source}: no rows")
-    return {"columns": cols, "packed": packed, "checked_rows": n}
+    if n == 0:
+        raise ValueError(f"{source}: no rows")
+    return {"columns": cols, "packed": "seq_lengths" in cols or "position_ids" in cols, "checked_rows": n}
+
+# %% ../nbs/07_training.ipynb #9185a487
+TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "seq_lengths")
 
 
 def load_prepared(path, streaming: bool = False):
@@ -217,17 +233,18 @@ def load_prepared(path, streaming: bool = False):
     keep = [c for c in (ds.column_names or TOKEN_COLUMNS) if c in TOKEN_COLUMNS]
     return ds.select_columns(keep), files
 
-# %% ../nbs/07_training.ipynb #9d7d35a0
+# %% ../nbs/07_training.ipynb #824882ed
 def make_collator(tokenizer, packed: bool, device: str = "cpu", pad_to_multiple_of: int | None = 8):
     "Collator for prepared rows: dynamic padding, or packed rows with restarting `position_ids` and no attention mask."
     from unsloth_prep.collators import PackedCollator, PaddingCollator
-    if not packed: return PaddingCollator.from_tokenizer(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    if not packed:
+        return PaddingCollator.from_tokenizer(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     # GPU: one flattened row (Unsloth derives varlen boundaries from position_ids only for batch size 1);
     # CPU/SDPA: keep the rows, transformers builds a block-diagonal mask per row from position_ids
     mode = "padding_free" if device == "cuda" else "position_ids"
     return PackedCollator.from_tokenizer(tokenizer, mode=mode, pad_to_multiple_of=pad_to_multiple_of)
 
-
+# %% ../nbs/07_training.ipynb #f6420bde
 class BatchProbe:
     "Counts the tokens of every batch the collator builds and what the model's forward receives while training."
     def __init__(self, collator, keep: int = 0):
@@ -279,18 +296,15 @@ def _schedule(cfg: dict, t: dict) -> dict:
         out.update(metric_for_best_model="eval_loss", greater_is_better=False)
     return out
 
-# %% ../nbs/07_training.ipynb #aee15485
+# %% ../nbs/07_training.ipynb #5350f949
 _RESERVED_TRAINER_KEYS = {"output_dir": "output_dir (top level)", "max_length": "max_seq_length (top level)",
                           "max_seq_length": "max_seq_length (top level)", "packing": "packing (top level)",
                           "dataset_kwargs": None, "remove_unused_columns": None, "dataset_text_field": None,
                           "bf16": "model.dtype", "fp16": "model.dtype", "padding_free": "packing (top level)"}
 
 
-def sft_config(cfg: dict, settings: dict, hw: dict):
-    "SFTConfig for pre-tokenized data: TRL's preparation skipped, extra columns kept, precision by hardware."
-    from trl import SFTConfig
-    import dataclasses
-    fields = {f.name for f in dataclasses.fields(SFTConfig)}
+def _check_trainer_keys(cfg: dict, fields: set):
+    "Every `trainer` key must be an SFTConfig field that unsloth_prep does not set itself."
     for k in cfg["trainer"]:
         if k in _RESERVED_TRAINER_KEYS:
             where = _RESERVED_TRAINER_KEYS[k]
@@ -300,6 +314,13 @@ def sft_config(cfg: dict, settings: dict, hw: dict):
             near = difflib.get_close_matches(k, sorted(fields), n=1)
             raise ValueError(f"{cfg['_source']}: unknown key 'trainer.{k}' (not an SFTConfig argument)"
                              + (f"; did you mean 'trainer.{near[0]}'?" if near else ""))
+
+# %% ../nbs/07_training.ipynb #5d90e6f7
+def sft_config(cfg: dict, settings: dict, hw: dict):
+    "SFTConfig for pre-tokenized data: TRL's preparation skipped, extra columns kept, precision by hardware."
+    from trl import SFTConfig
+    import dataclasses
+    _check_trainer_keys(cfg, {f.name for f in dataclasses.fields(SFTConfig)})
     t = dict(settings["trainer"])
     if cfg["data"]["streaming"] and (t.get("max_steps") or -1) <= 0:
         raise ValueError(f"{cfg['_source']}: streaming data needs 'trainer.max_steps' > 0 (its length is unknown)")
@@ -307,8 +328,8 @@ def sft_config(cfg: dict, settings: dict, hw: dict):
     dtype = settings["dtype"]
     return SFTConfig(output_dir=str(Path(cfg["output_dir"]) / "checkpoints"), max_length=cfg["max_seq_length"],
                      dataset_kwargs={"skip_prepare_dataset": True}, remove_unused_columns=False,
-                     bf16=dtype == "bfloat16" and hw["device"] == "cuda", fp16=dtype == "float16" and hw["device"] == "cuda",
-                     dataloader_num_workers=0, **t)
+                     bf16=dtype == "bfloat16" and hw["device"] == "cuda",
+                     fp16=dtype == "float16" and hw["device"] == "cuda", dataloader_num_workers=0, **t)
 
 # %% ../nbs/07_training.ipynb #0e7a3799
 def load_model(cfg: dict, settings: dict):
@@ -333,7 +354,13 @@ def load_model(cfg: dict, settings: dict):
         use_rslora=lora["use_rslora"], modules_to_save=lora["modules_to_save"], max_seq_length=cfg["max_seq_length"])
     return model, tok
 
-# %% ../nbs/07_training.ipynb #18d7ed96
+# %% ../nbs/07_training.ipynb #f31d40da
+def _pack(ds, max_seq_length: int):
+    "Pack unpacked rows with `collators.pack_dataset` (best-fit-decreasing, positions restart per example)."
+    from unsloth_prep.collators import pack_dataset
+    return pack_dataset(ds, max_seq_length)
+
+# %% ../nbs/07_training.ipynb #ca657d83
 def prepare_data(cfg: dict, train_dataset=None):
     "The training rows: given Dataset/IterableDataset or prepared Parquet; checked, packed when asked."
     if train_dataset is None:
@@ -351,12 +378,6 @@ def prepare_data(cfg: dict, train_dataset=None):
     if info["packed"] and "seq_lengths" not in info["columns"] and "seq_lengths" not in (ds.column_names or []):
         raise ValueError(f"{source}: packed rows need a 'seq_lengths' column (lengths of the examples in each row)")
     return ds, {**info, "source": source}
-
-
-def _pack(ds, max_seq_length: int):
-    "Pack unpacked rows with `unsloth_prep.collators.pack_dataset` (best-fit-decreasing, positions restart per example)."
-    from unsloth_prep.collators import pack_dataset
-    return pack_dataset(ds, max_seq_length)
 
 # %% ../nbs/07_training.ipynb #51146ef3
 def prepare_eval(cfg: dict, packed: bool, eval_dataset=None):
@@ -401,7 +422,7 @@ def checkpoint_marker():
                     tmp.write_text(json.dumps({"step": state.global_step, "time": time.time()}))
     return CheckpointMarker()
 
-# %% ../nbs/07_training.ipynb #6690cdad
+# %% ../nbs/07_training.ipynb #63ecd0e4
 def is_complete(checkpoint) -> bool:
     "True for a checkpoint folder the Trainer finished: the completion marker and a readable `trainer_state.json`."
     folder = Path(checkpoint)
@@ -411,7 +432,7 @@ def is_complete(checkpoint) -> bool:
         return False
     return (folder / CHECKPOINT_DONE).exists()
 
-
+# %% ../nbs/07_training.ipynb #ccf18a05
 def latest_checkpoint(folder) -> Path | None:
     "The complete checkpoint with the highest step in `folder`; half-written ones are never picked."
     found = []
@@ -420,6 +441,15 @@ def latest_checkpoint(folder) -> Path | None:
         if step.isdigit() and is_complete(d):
             found.append((int(step), d))
     return max(found)[1] if found else None
+
+# %% ../nbs/07_training.ipynb #9e7492a6
+def _drop_incomplete(folder):
+    "Remove half-written checkpoint folders (the resumed run writes those steps again)."
+    import shutil
+    for d in Path(folder).glob("checkpoint-*"):
+        if d.is_dir() and not is_complete(d):
+            print(f"note: removing half-written checkpoint {d}")
+            shutil.rmtree(d)
 
 # %% ../nbs/07_training.ipynb #2bd6e151
 def resume_path(folder, resume=None) -> str | None:
@@ -442,15 +472,6 @@ def resume_path(folder, resume=None) -> str | None:
         raise ValueError(f"{d}: not a complete checkpoint (no readable trainer_state.json); "
                          "use --resume latest to pick the newest complete one") from None
     return str(d.resolve())
-
-# %% ../nbs/07_training.ipynb #9e7492a6
-def _drop_incomplete(folder):
-    "Remove half-written checkpoint folders (the resumed run writes those steps again)."
-    import shutil
-    for d in Path(folder).glob("checkpoint-*"):
-        if d.is_dir() and not is_complete(d):
-            print(f"note: removing half-written checkpoint {d}")
-            shutil.rmtree(d)
 
 # %% ../nbs/07_training.ipynb #76c8f689
 def _run_callbacks(cfg: dict, callbacks=None) -> list:
@@ -514,7 +535,7 @@ def plot_report(report: dict, figsize=(6, 3)):
     fig.tight_layout()
     return fig
 
-# %% ../nbs/07_training.ipynb #ed42f799
+# %% ../nbs/07_training.ipynb #7f920095
 def write_report(report: dict, out_dir) -> tuple[Path, Path]:
     "Save the report as JSON and PNG in `out_dir`; returns both paths."
     import matplotlib.pyplot as plt
@@ -528,7 +549,7 @@ def write_report(report: dict, out_dir) -> tuple[Path, Path]:
     plt.close(fig)
     return jp, pp
 
-
+# %% ../nbs/07_training.ipynb #aacd21db
 def _thin(timeline: list, n: int = 400) -> list:
     "At most n points of a timeline, keeping the peak."
     if len(timeline) <= n:
@@ -536,32 +557,6 @@ def _thin(timeline: list, n: int = 400) -> list:
     step = len(timeline) / n
     pts = [timeline[int(i * step)] for i in range(n)] + [max(timeline, key=lambda x: x[1]), timeline[-1]]
     return [(round(t, 3), round(m, 1)) for t, m in sorted(set(pts))]
-
-# %% ../nbs/07_training.ipynb #a227b55c
-def load_adapter(adapter_dir, max_seq_length: int = 2048, load_in_4bit: bool = False):
-    "Reload a saved LoRA adapter (its base model is read from adapter_config.json) and its tokenizer."
-    import_stack()
-    import torch
-    from unsloth import FastLanguageModel
-    if not (Path(adapter_dir) / "adapter_config.json").exists():
-        raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a saved LoRA adapter)")
-    model, tok = FastLanguageModel.from_pretrained(str(adapter_dir), max_seq_length=max_seq_length,
-                                                   dtype=getattr(torch, hardware()["dtype"]), load_in_4bit=load_in_4bit)
-    return model, tok
-
-
-def generate(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> str:
-    "Greedy reply to one user prompt, formatted with the tokenizer's chat template."
-    import torch
-    from unsloth import FastLanguageModel
-    FastLanguageModel.for_inference(model)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)
-    ids = {k: v.to(model.device) for k, v in ids.items()}
-    with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
-    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
 
 # %% ../nbs/07_training.ipynb #689f50d7
 def _report(trainer, ctx: dict, mem, result, window: list) -> dict:
@@ -624,7 +619,41 @@ def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, ret
         summary["_trainer"], summary["_ctx"] = trainer, ctx
     return summary
 
-# %% ../nbs/07_training.ipynb #c2d6dd79
+# %% ../nbs/07_training.ipynb #8881b35d
+def load_adapter(adapter_dir, max_seq_length: int = 2048, load_in_4bit: bool = False):
+    "Reload a saved LoRA adapter (its base model is read from adapter_config.json) and its tokenizer."
+    import_stack()
+    import torch
+    from unsloth import FastLanguageModel
+    if not (Path(adapter_dir) / "adapter_config.json").exists():
+        raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (not a saved LoRA adapter)")
+    model, tok = FastLanguageModel.from_pretrained(str(adapter_dir), max_seq_length=max_seq_length,
+                                                   dtype=getattr(torch, hardware()["dtype"]), load_in_4bit=load_in_4bit)
+    return model, tok
+
+# %% ../nbs/07_training.ipynb #e61c5ac7
+def generate(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> str:
+    "Greedy reply to one user prompt, formatted with the tokenizer's chat template."
+    import torch
+    from unsloth import FastLanguageModel
+    FastLanguageModel.for_inference(model)
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                        return_tensors="pt", return_dict=True)
+    ids = {k: v.to(model.device) for k, v in ids.items()}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
+
+# %% ../nbs/07_training.ipynb #250daf55
+def _free_cuda():
+    import gc
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+# %% ../nbs/07_training.ipynb #8cc0e571
 def _generate_after(cfg: dict, ctx: dict, adapter) -> dict:
     "Reload the saved adapter (so the round trip is tested) and answer the config's prompt."
     _free_cuda()
@@ -635,15 +664,7 @@ def _generate_after(cfg: dict, ctx: dict, adapter) -> dict:
     _free_cuda()
     return {"prompt": g["prompt"], "text": text}
 
-
-def _free_cuda():
-    import gc
-    gc.collect()
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-# %% ../nbs/07_training.ipynb #47a3ebe5
+# %% ../nbs/07_training.ipynb #3768f183
 def train_args(parser):
     "Arguments of `unsloth-prep train CONFIG.yaml`."
     parser.add_argument("config", help="YAML config: data, model, template, max_seq_length, packing, lora, trainer")
@@ -655,7 +676,7 @@ def train_args(parser):
                              "'latest' starts at step 0 when there is none yet")
     return parser
 
-
+# %% ../nbs/07_training.ipynb #90d2bb87
 def train_main(args) -> dict:
     "Run `unsloth-prep train`: validate the config, train, print where the artefacts are, return the summary."
     import yaml
