@@ -10,7 +10,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['EXPORT_DTYPES', 'GGUF_DIRECT', 'MERGE_BYTES', 'split_hash', 'split_records', 'eval_path', 'split_to_jsonl',
            'split_args', 'prepare_split', 'find_adapter', 'merge_adapter', 'load_plain', 'gguf_tools', 'check_gguf',
-           'merge_peak_mb', 'export_args', 'export_main']
+           'merge_peak_mb']
 
 # %% ../nbs/07a_export.ipynb #99eeaeda
 def split_hash(record, seed: int = 0) -> int:
@@ -178,13 +178,13 @@ def _merge_peft(adapter: Path, out: Path, dtype: str):
     model.config.dtype = dtype
     model.save_pretrained(str(out), safe_serialization=True)
 
-# %% ../nbs/07a_export.ipynb #d58025ce
+# %% ../nbs/07a_export.ipynb #13a104ef
 def _save_tokenizer(adapter: Path, out: Path):
     "The tokenizer saved with the adapter (the training chat template included) goes into the export."
     from transformers import AutoTokenizer
     AutoTokenizer.from_pretrained(str(adapter)).save_pretrained(str(out))
 
-
+# %% ../nbs/07a_export.ipynb #23705f2a
 def folder_mb(path) -> float:
     "Size of the files in a folder, MB."
     return round(sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / 2**20, 2)
@@ -230,7 +230,7 @@ def _try_unsloth(adapter: Path, tmp: Path, dtype: str, strict: bool):
         shutil.rmtree(tmp, ignore_errors=True)
         return None, f"Unsloth's merged save: {type(e).__name__}: {e}; merged with PEFT instead"
 
-# %% ../nbs/07a_export.ipynb #f46888d4
+# %% ../nbs/07a_export.ipynb #7c3980b0
 _PLAIN = r'''
 import json, sys
 sys.modules["peft"] = None
@@ -240,7 +240,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 a = json.loads(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(a["folder"])
 model = AutoModelForCausalLM.from_pretrained(a["folder"]).to("cuda" if torch.cuda.is_available() else "cpu").eval()
-out = {"dtype": str(model.dtype).replace("torch.", ""), "blocked": [m for m in ("peft", "unsloth") if sys.modules.get(m) is None]}
+out = {"dtype": str(model.dtype).replace("torch.", ""),
+       "blocked": [m for m in ("peft", "unsloth") if sys.modules.get(m) is None]}
 with torch.no_grad():
     if a.get("input_ids"):
         out["logits"] = model(input_ids=torch.tensor(a["input_ids"], device=model.device)).logits.float().tolist()
@@ -254,21 +255,22 @@ with torch.no_grad():
 print(json.dumps(out))
 '''
 
-# %% ../nbs/07a_export.ipynb #a56fcba3
+
 def load_plain(folder, prompt: str | None = None, input_ids: list | None = None, max_new_tokens: int = 16) -> dict:
     "Load an exported folder in a fresh process with `peft` and `unsloth` blocked; logits and/or a greedy reply."
-    arg = json.dumps({"folder": str(folder), "prompt": prompt, "input_ids": input_ids, "max_new_tokens": max_new_tokens})
+    arg = json.dumps({"folder": str(folder), "prompt": prompt, "input_ids": input_ids,
+                      "max_new_tokens": max_new_tokens})
     proc = subprocess.run([sys.executable, "-c", _PLAIN, arg], capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"{folder}: plain transformers could not load it:\n{proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
-# %% ../nbs/07a_export.ipynb #f43720fe
+# %% ../nbs/07a_export.ipynb #d580b3c9
 GGUF_DIRECT = ("f32", "f16", "bf16", "q8_0")     # written by convert_hf_to_gguf.py itself; others need llama-quantize
 
 
 def gguf_tools(llama_cpp=None) -> dict:
-    "llama.cpp's converter and quantizer (None when missing), searched in `llama_cpp`, $LLAMA_CPP, ./llama.cpp, ~/.unsloth."
+    "llama.cpp's converter and quantizer (None when missing): `llama_cpp`, $LLAMA_CPP, ./llama.cpp, ~/.unsloth."
     dirs = [Path(d).expanduser() for d in (llama_cpp, os.environ.get("LLAMA_CPP"), "llama.cpp",
                                             "~/.unsloth/llama.cpp") if d]
     convert = next((d / "convert_hf_to_gguf.py" for d in dirs if (d / "convert_hf_to_gguf.py").is_file()), None)
@@ -311,46 +313,13 @@ def _write_gguf(merged: Path, quant: str, tools: dict) -> Path:
     f16.unlink()
     return out
 
-# %% ../nbs/07a_export.ipynb #87757e24
+# %% ../nbs/07a_export.ipynb #65238e85
 MERGE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def merge_peak_mb(n_params: int, dtype: str = "float16", imports_mb: float = 700.0, factor: float = 1.25) -> float:
-    "Estimated peak RSS (MB) of `merge_adapter` on CPU: imports + `factor` x the weights in the export dtype."
-    return round(imports_mb + factor * n_params * MERGE_BYTES[dtype] / 2**20, 1)
-
-# %% ../nbs/07a_export.ipynb #73cf9c6d
-def export_args(p):
-    "Arguments of `unsloth-prep export RUN_DIR --merged OUT`."
-    p.add_argument("run_dir", help="a `train` output folder (or its adapter folder, or a checkpoint)")
-    p.add_argument("--merged", required=True, metavar="OUT", help="folder for the merged model, config and tokenizer")
-    p.add_argument("--dtype", default="float16", choices=EXPORT_DTYPES, help="dtype of the merged weights")
-    p.add_argument("--method", default="auto", choices=("auto", "unsloth", "peft"),
-                   help="auto: Unsloth's merged save for 16-bit dtypes where it works, PEFT's merge_and_unload otherwise")
-    p.add_argument("--gguf", default=None, metavar="QUANT", help="also write GGUF (f16, bf16, q8_0, q4_k_m, ...): "
-                   "needs llama.cpp")
-    p.add_argument("--llama-cpp", default=None, metavar="DIR", help="llama.cpp checkout (default: $LLAMA_CPP, ./llama.cpp)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
-    p.add_argument("--prompt", default="Explain why padding wastes memory.",
-                   help="the check: plain transformers loads OUT in a fresh process and answers this")
-    p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--no-check", action="store_true", help="skip the fresh-process load and generation")
-    return p
-
-
-def export_main(args) -> dict:
-    "Run `unsloth-prep export`: merge, save, check in a fresh process; GGUF when llama.cpp is there."
-    tools = check_gguf(args.gguf, args.merged, args.llama_cpp) if args.gguf else None
-    s = merge_adapter(args.run_dir, args.merged, args.dtype, args.method, args.overwrite)
-    print(f"merged with {s['method']} ({s['dtype']}) -> {s['out']} ({s['size_mb']:.1f} MB: {', '.join(s['files'])})")
-    if s["note"]:
-        print(f"note: {s['note']}")
-    if not args.no_check:
-        chk = load_plain(s["out"], args.prompt, max_new_tokens=args.max_new_tokens)
-        s["check"] = {"loaded_without": chk["blocked"], "dtype": chk["dtype"], "prompt": args.prompt,
-                      "generated": chk["text"]}
-        print(f"plain transformers loaded it (peft, unsloth blocked) and generated: {chk['text']!r}")
-    if tools:
-        s["gguf"] = str(_write_gguf(Path(s["out"]), args.gguf, tools))
-        print(f"gguf: {s['gguf']}")
-    return s
+def merge_peak_mb(n_params: int, dtype: str = "bfloat16", source_dtype: str = "bfloat16",
+                  imports_mb: float = 1000.0) -> float:
+    "Estimated peak RSS (MB) of `merge_adapter` on CPU: imports + the stored checkpoint + a copy if the dtype changes."
+    stored = n_params * MERGE_BYTES[source_dtype] / 2**20
+    converted = 0 if dtype == source_dtype else n_params * MERGE_BYTES[dtype] / 2**20
+    return round(imports_mb + 1.05 * (stored + converted), 1)
