@@ -10,7 +10,7 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['EXPORT_DTYPES', 'GGUF_DIRECT', 'MERGE_BYTES', 'split_hash', 'split_records', 'eval_path', 'split_to_jsonl',
            'split_args', 'prepare_split', 'find_adapter', 'merge_adapter', 'load_plain', 'gguf_tools', 'check_gguf',
-           'merge_peak_mb']
+           'merge_peak_mb', 'export_args', 'export_main']
 
 # %% ../nbs/07a_export.ipynb #99eeaeda
 def split_hash(record, seed: int = 0) -> int:
@@ -323,3 +323,40 @@ def merge_peak_mb(n_params: int, dtype: str = "bfloat16", source_dtype: str = "b
     stored = n_params * MERGE_BYTES[source_dtype] / 2**20
     converted = 0 if dtype == source_dtype else n_params * MERGE_BYTES[dtype] / 2**20
     return round(imports_mb + 1.05 * (stored + converted), 1)
+
+# %% ../nbs/07a_export.ipynb #492b7e18
+def export_args(p):
+    "Arguments of `unsloth-prep export RUN_DIR --merged OUT`."
+    p.add_argument("run_dir", help="a `train` output folder (or its adapter folder, or a checkpoint)")
+    p.add_argument("--merged", required=True, metavar="OUT", help="folder for the merged model, config and tokenizer")
+    p.add_argument("--dtype", default="float16", choices=EXPORT_DTYPES, help="dtype of the merged weights")
+    p.add_argument("--method", default="auto", choices=("auto", "unsloth", "peft"),
+                   help="auto: Unsloth's merged save for 16-bit dtypes where it works, else PEFT's merge_and_unload")
+    p.add_argument("--gguf", default=None, metavar="QUANT", help="also write GGUF (f16, bf16, q8_0, q4_k_m, ...): "
+                   "needs llama.cpp")
+    p.add_argument("--llama-cpp", default=None, metavar="DIR",
+                   help="llama.cpp checkout (default: $LLAMA_CPP, ./llama.cpp)")
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--prompt", default="Explain why padding wastes memory.",
+                   help="the check: plain transformers loads OUT in a fresh process and answers this")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--no-check", action="store_true", help="skip the fresh-process load and generation")
+    return p
+
+# %% ../nbs/07a_export.ipynb #ec5fa948
+def export_main(args) -> dict:
+    "Run `unsloth-prep export`: merge, save, check in a fresh process; GGUF when llama.cpp is there."
+    tools = check_gguf(args.gguf, args.merged, args.llama_cpp) if args.gguf else None
+    s = merge_adapter(args.run_dir, args.merged, args.dtype, args.method, args.overwrite)
+    print(f"merged with {s['method']} ({s['dtype']}) -> {s['out']} ({s['size_mb']:.1f} MB: {', '.join(s['files'])})")
+    if s["note"]:
+        print(f"note: {s['note']}")
+    if not args.no_check:
+        chk = load_plain(s["out"], args.prompt, max_new_tokens=args.max_new_tokens)
+        s["check"] = {"loaded_without": chk["blocked"], "dtype": chk["dtype"], "prompt": args.prompt,
+                      "generated": chk["text"]}
+        print(f"plain transformers loaded it (peft, unsloth blocked) and generated: {chk['text']!r}")
+    if tools:
+        s["gguf"] = str(_write_gguf(Path(s["out"]), args.gguf, tools))
+        print(f"gguf: {s['gguf']}")
+    return s
