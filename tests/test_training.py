@@ -44,8 +44,11 @@ def _config(prepared, **kw):
 
 def test_cli_train(prepared):
     d = prepared["dir"]
-    (d / "train.yaml").write_text(yaml.safe_dump(_config(prepared)))
-    code, s, err = _run_cli("train", d / "train.yaml", "--set", "trainer.max_steps=6", "--set", "packing=true")
+    cfg = _config(prepared)
+    cfg["data"]["eval_path"] = "packed.parquet"     # evaluated every 3 steps, in the training (packed) layout
+    (d / "train.yaml").write_text(yaml.safe_dump(cfg))
+    code, s, err = _run_cli("train", d / "train.yaml", "--set", "trainer.max_steps=6", "--set", "packing=true",
+                            "--set", "trainer.eval_steps=3")
     assert code == 0, err[-3000:]
     for k in ("first_loss", "final_loss", "steps", "seconds", "tokens_per_s", "report", "peak_rss_mb", "adapter"):
         assert k in s, k
@@ -54,6 +57,8 @@ def test_cli_train(prepared):
     report = json.loads(Path(s["report"]).read_text())
     assert Path(s["report"]).parent == d / "run" and Path(s["report_png"]).exists()
     assert len(report["loss_curve"]) == 6 and report["tokens"] > 0 and isinstance(s["generated"], str)
+    assert [st for st, _ in report["eval_curve"]] == [3, 6] and s["final_eval_loss"] == report["eval_curve"][-1][1]
+    assert report["eval_data"].endswith("packed.parquet") and s["resumed_from"] is None
     assert (Path(s["adapter"]) / "adapter_config.json").exists() and (Path(s["adapter"]) / "tokenizer.json").exists()
 
 
@@ -94,3 +99,19 @@ def test_streaming_and_prepacked(prepared):
     saved = json.loads((Path(s2["adapter"]) / "tokenizer_config.json").read_text())
     tmpl = saved.get("chat_template") or (Path(s2["adapter"]) / "chat_template.jinja").read_text()
     assert "<|im_start|>" in tmpl
+
+
+def test_early_stopping_on_eval_loss(prepared):
+    import unsloth  # noqa: F401  (before transformers/trl)
+    from unsloth_prep.training import load_config, train
+    d = prepared["dir"]
+    # an improvement of 100 in eval loss is never reached: the run stops after `patience` evals without one
+    cfg = load_config(_config(prepared, data={"path": str(prepared["parquet"]), "eval_path": str(prepared["parquet"])},
+                              early_stopping={"patience": 1, "threshold": 100.0}, output_dir=str(d / "early"),
+                              generate=None, trainer={"max_steps": 12, "eval_steps": 2, "learning_rate": 1e-3,
+                                                      "per_device_train_batch_size": 2}))
+    s = train(cfg)
+    report = json.loads(Path(s["report"]).read_text())
+    assert s["steps"] < 12 and s["steps"] == report["eval_curve"][-1][0] and len(report["eval_curve"]) <= 2
+    with pytest.raises(ValueError, match="'early_stopping.patience' needs 'data.eval_path'"):
+        train(load_config(_config(prepared, early_stopping={"patience": 1}, output_dir=str(d / "x2"))))

@@ -8,14 +8,15 @@ import copy, difflib, os
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'NULLABLE', 'ALIASES', 'TRAINER_DEFAULTS', 'set_key', 'load_config']
+__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TASKS', 'NULLABLE', 'ALIASES', 'TRAINER_DEFAULTS', 'set_key', 'load_config']
 
-# %% ../nbs/06a_config.ipynb #889312f8
+# %% ../nbs/06a_config.ipynb #4757651e
 REQUIRED = object()  # marks a key the config must set
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SCHEMA = {
     "data.path": (REQUIRED, (str, list), "prepared Parquet: file, folder, glob or a list of them"),
     "data.streaming": (False, bool, "stream the rows instead of loading them (needs trainer.max_steps)"),
+    "data.eval_path": (None, (str, list), "prepared Parquet evaluated every trainer.eval_steps"),
     "model.name": (REQUIRED, str, "local folder or Hub name of the base model"),
     "model.load_in_4bit": ("auto", (bool, str), "true, false or auto (the recommendation for the GPU)"),
     "model.dtype": ("auto", str, "auto, float32, bfloat16 or float16"),
@@ -36,9 +37,14 @@ SCHEMA = {
     "lora.modules_to_save": (None, list, "modules trained in full and saved with the adapter"),
     "trainer": ({}, dict, "any SFTConfig argument (checked against the installed TRL)"),
     "output_dir": ("unsloth_prep_run", str, "where the adapter and the report go (relative to the config file)"),
+    "early_stopping.patience": (None, int, "stop after this many evaluations without improvement"),
+    "early_stopping.threshold": (0.0, (int, float), "the least eval-loss improvement that counts"),
+    "task": ("sft", str, "sft, pretrain, dpo, orpo or kto"),
+    "reference": ("adapter", str, "dpo/kto reference: adapter (LoRA switched off), model (a copy) or precomputed"),
     "generate.prompt": ("Explain why padding wastes memory.", str, "prompt answered by the trained adapter"),
     "generate.max_new_tokens": (24, int, "tokens generated for the prompt"),
 }
+TASKS = ("sft", "pretrain", "dpo", "orpo", "kto")  # what `train` can run
 NULLABLE = {"generate"}  # sections that may be set to null as a whole (`generate: null` skips generation)
 ALIASES = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "dropout", "model_name": "name",
            "max_length": "max_seq_length", "dataset": "data", "train_file": "path", "training": "trainer",
@@ -129,7 +135,7 @@ def _read(src) -> tuple:
         raise ValueError(f"{p}: the top level must be a mapping, got {type(given).__name__}")
     return given, str(p), p.resolve().parent
 
-# %% ../nbs/06a_config.ipynb #a6f275a7
+# %% ../nbs/06a_config.ipynb #5183fd81
 def load_config(src, overrides: dict | None = None) -> dict:
     "Read a YAML/JSON file (or take a dict), apply `overrides` ({'a.b': value}), check every key, fill defaults."
     given, where, base = _read(src)
@@ -137,10 +143,13 @@ def load_config(src, overrides: dict | None = None) -> dict:
     _unknown(given, where)
     cfg = _fill(given, where)
     if cfg["max_seq_length"] <= 0: raise ValueError(f"{where}: 'max_seq_length' must be > 0")
+    if cfg["task"] not in TASKS:
+        raise ValueError(f"{where}: 'task' must be one of {', '.join(TASKS)}, got {cfg['task']!r}")
     if base is not None:  # relative paths in a config file are relative to the file
         fix = lambda q: q if os.path.isabs(q) or "://" in q else str(base / q)
-        d = cfg["data"]["path"]
-        cfg["data"]["path"] = [fix(q) for q in d] if isinstance(d, list) else fix(d)
+        for key in ("path", "eval_path"):
+            d = cfg["data"][key]
+            cfg["data"][key] = [fix(q) for q in d] if isinstance(d, list) else fix(d) if d else d
         cfg["output_dir"] = fix(cfg["output_dir"])
     cfg["_source"] = where
     return cfg

@@ -9,15 +9,17 @@ from pathlib import Path
 from typing import Any
 
 # %% auto #0
-__all__ = ['TOKEN_COLUMNS', 'import_stack', 'hardware', 'resolve_settings', 'oom_recommendation', 'check_prepared',
-           'load_prepared', 'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'build_trainer',
-           'loss_curve', 'plot_report', 'write_report', 'load_adapter', 'generate', 'train', 'train_args', 'train_main']
+__all__ = ['TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SUMMARY_KEYS', 'import_stack', 'hardware', 'oom_recommendation',
+           'resolve_settings', 'check_prepared', 'load_prepared', 'make_collator', 'BatchProbe', 'sft_config',
+           'load_model', 'prepare_data', 'prepare_eval', 'checkpoint_marker', 'is_complete', 'latest_checkpoint',
+           'resume_path', 'build_trainer', 'loss_curve', 'plot_report', 'write_report', 'train', 'load_adapter',
+           'generate', 'train_args', 'train_main']
 
-# %% ../nbs/07_training.ipynb #c492a628
+# %% ../nbs/07_training.ipynb #91196076
 from .config import LORA_TARGETS, REQUIRED, SCHEMA, TRAINER_DEFAULTS, load_config, set_key
 from .checks import prerun_check  # the registry's config checks, run by `train` before loading
 
-# %% ../nbs/07_training.ipynb #8f0c6bc4
+# %% ../nbs/07_training.ipynb #f5be14a8
 def import_stack():
     "Import unsloth before transformers/trl (its patches need that order) and return (unsloth, torch, trl)."
     if "unsloth" not in sys.modules and ("trl" in sys.modules or "transformers" in sys.modules):
@@ -25,7 +27,7 @@ def import_stack():
     import unsloth, torch, trl
     return unsloth, torch, trl
 
-
+# %% ../nbs/07_training.ipynb #0c498424
 def hardware() -> dict:
     "Device and precision: bf16 on GPUs that support it, fp16 on older GPUs, fp32 on CPU."
     import torch
@@ -36,32 +38,6 @@ def hardware() -> dict:
                 "dtype": "bfloat16" if bf16 else "float16", "bf16": bf16, "fp16": not bf16}
     return {"device": "cpu", "name": f"cpu x{torch.get_num_threads()}", "vram_gb": None,
             "dtype": "float32", "bf16": False, "fp16": False}
-
-# %% ../nbs/07_training.ipynb #0f38b12b
-def resolve_settings(cfg: dict, hw: dict) -> dict:
-    "Settings for the run: the OOM notebook's recommendation on a GPU, defaults on CPU; explicit config values win."
-    rec, source = {}, "defaults"
-    gpu = cfg["model"]["gpu"] or (f"{hw['vram_gb']}GB" if hw["device"] == "cuda" else None)
-    if gpu is not None:
-        try:
-            rec, source = oom_recommendation(cfg, gpu), f"oom.recommend(gpu={gpu!r})"
-        except Exception as e: print(f"warning: no OOM recommendation ({type(e).__name__}: {e}); using defaults")
-    lora = dict(cfg["lora"])
-    if lora["use_gradient_checkpointing"] == "auto":
-        lora["use_gradient_checkpointing"] = rec.get("use_gradient_checkpointing", "unsloth")
-    load_4bit = cfg["model"]["load_in_4bit"]
-    if load_4bit == "auto": load_4bit = rec.get("load_in_4bit", False)
-    if hw["device"] != "cuda" and load_4bit:
-        print("note: 4-bit loading needs a GPU; loading in full precision on CPU"); load_4bit = False
-    trainer = {**TRAINER_DEFAULTS, **{k: rec[k] for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "optim") if k in rec}}
-    trainer.setdefault("per_device_train_batch_size", 2); trainer.setdefault("gradient_accumulation_steps", 1)
-    trainer.update(cfg["trainer"])
-    dtype = cfg["model"]["dtype"]
-    if dtype == "auto": dtype = hw["dtype"]
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"{cfg['_source']}: 'model.dtype' must be auto, float32, bfloat16 or float16, got {dtype!r}")
-    return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
-            "recommendation": rec}
 
 # %% ../nbs/07_training.ipynb #a4c635bd
 def oom_recommendation(cfg: dict, gpu) -> dict:
@@ -74,48 +50,90 @@ def oom_recommendation(cfg: dict, gpu) -> dict:
            "fits": r.get("fits"), "estimated_gb": r.get("estimated_gb")}
     return out
 
-# %% ../nbs/07_training.ipynb #1ff1a5cb
-TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "seq_lengths")
+# %% ../nbs/07_training.ipynb #7afc7ca8
+_REC_KEYS = ("per_device_train_batch_size", "gradient_accumulation_steps", "optim")
 
 
+def resolve_settings(cfg: dict, hw: dict) -> dict:
+    "Settings for the run: the OOM notebook's recommendation on a GPU, defaults on CPU; explicit config values win."
+    rec, source = {}, "defaults"
+    gpu = cfg["model"]["gpu"] or (f"{hw['vram_gb']}GB" if hw["device"] == "cuda" else None)
+    if gpu is not None:
+        try:
+            rec, source = oom_recommendation(cfg, gpu), f"oom.recommend(gpu={gpu!r})"
+        except Exception as e:
+            print(f"warning: no OOM recommendation ({type(e).__name__}: {e}); using defaults")
+    lora = dict(cfg["lora"])
+    if lora["use_gradient_checkpointing"] == "auto":
+        lora["use_gradient_checkpointing"] = rec.get("use_gradient_checkpointing", "unsloth")
+    load_4bit = cfg["model"]["load_in_4bit"]
+    if load_4bit == "auto":
+        load_4bit = rec.get("load_in_4bit", False)
+    if hw["device"] != "cuda" and load_4bit:
+        print("note: 4-bit loading needs a GPU; loading in full precision on CPU")
+        load_4bit = False
+    trainer = {**TRAINER_DEFAULTS, **{k: rec[k] for k in _REC_KEYS if k in rec}}
+    trainer.setdefault("per_device_train_batch_size", 2)
+    trainer.setdefault("gradient_accumulation_steps", 1)
+    trainer.update(cfg["trainer"])
+    dtype = hw["dtype"] if cfg["model"]["dtype"] == "auto" else cfg["model"]["dtype"]
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"{cfg['_source']}: 'model.dtype' must be auto, float32, bfloat16 or float16, got {dtype!r}")
+    return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
+            "recommendation": rec}
+
+# %% ../nbs/07_training.ipynb #3801e3fa
 def _files(path) -> list[str]:
     "Expand a Parquet file, folder or glob (or a list of them) into files; a clear error when nothing matches."
     out = []
     for p in (path if isinstance(path, list) else [path]):
         p = str(p)
-        if os.path.isdir(p): hits = sorted(_glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
-        elif any(c in p for c in "*?["): hits = sorted(_glob.glob(p, recursive=True))
-        else: hits = [p] if os.path.exists(p) else []
-        if not hits: raise FileNotFoundError(f"{p}: no prepared Parquet file found (data.path)")
+        if os.path.isdir(p):
+            hits = sorted(_glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
+        elif any(c in p for c in "*?["):
+            hits = sorted(_glob.glob(p, recursive=True))
+        else:
+            hits = [p] if os.path.exists(p) else []
+        if not hits:
+            raise FileNotFoundError(f"{p}: no prepared Parquet file found (data.path)")
         out += hits
     return out
 
+# %% ../nbs/07_training.ipynb #b3f88906
+def _check_row(row: dict, i: int, source: str, max_len: int | None):
+    "One prepared row: equal lengths, within max_len, something to train on, seq_lengths adding up."
+    ids, lab = row["input_ids"], row["labels"]
+    if len(lab) != len(ids):
+        raise ValueError(f"{source}: row {i}: field 'labels' has {len(lab)} tokens but 'input_ids' has {len(ids)}")
+    if row.get("attention_mask") is not None and len(row["attention_mask"]) != len(ids):
+        raise ValueError(f"{source}: row {i}: field 'attention_mask' length differs from 'input_ids'")
+    if max_len and len(ids) > max_len:
+        raise ValueError(f"{source}: row {i}: field 'input_ids' has {len(ids)} tokens > max_seq_length {max_len}")
+    if all(x == -100 for x in lab):
+        raise ValueError(f"{source}: row {i}: field 'labels' is all -100 (nothing to train on)")
+    if row.get("seq_lengths") is not None and sum(row["seq_lengths"]) != len(ids):
+        raise ValueError(f"{source}: row {i}: field 'seq_lengths' sums to {sum(row['seq_lengths'])}, "
+                         f"not {len(ids)} tokens")
 
+# %% ../nbs/07_training.ipynb #72381114
 def check_prepared(ds, source: str = "dataset", rows: int = 64, max_len: int | None = None) -> dict:
     "Check the first `rows` rows have the tokenized form; ValueError names the source, row and field."
     cols = list(ds.column_names or []) if getattr(ds, "column_names", None) else list(next(iter(ds)).keys())
     for need in ("input_ids", "labels"):
         if need not in cols:
             raise ValueError(f"{source}: missing column '{need}' (have {cols}); run `unsloth-prep prepare` first")
-    packed = "seq_lengths" in cols or "position_ids" in cols
     n = 0
     for i, row in enumerate(ds):
-        if i >= rows: break
-        ids, lab = row["input_ids"], row["labels"]
-        if len(lab) != len(ids):
-            raise ValueError(f"{source}: row {i}: field 'labels' has {len(lab)} tokens but 'input_ids' has {len(ids)}")
-        if row.get("attention_mask") is not None and len(row["attention_mask"]) != len(ids):
-            raise ValueError(f"{source}: row {i}: field 'attention_mask' length differs from 'input_ids'")
-        if max_len and len(ids) > max_len:
-            raise ValueError(f"{source}: row {i}: field 'input_ids' has {len(ids)} tokens > max_seq_length {max_len}")
-        if all(x == -100 for x in lab):
-            raise ValueError(f"{source}: row {i}: field 'labels' is all -100 (nothing to train on)")
-        if row.get("seq_lengths") is not None and sum(row["seq_lengths"]) != len(ids):
-            raise ValueError(f"{source}: row {i}: field 'seq_lengths' sums to {sum(row['seq_lengths'])}, "
-                             f"not {len(ids)} tokens")
+        if i >= rows:
+            break
+        _check_row(row, i, source, max_len)
         n += 1
-    if n == 0: raise ValueError(f"{source}: no rows")
-    return {"columns": cols, "packed": packed, "checked_rows": n}
+    if n == 0:
+        raise ValueError(f"{source}: no rows")
+    return {"columns": cols, "packed": "seq_lengths" in cols or "position_ids" in cols, "checked_rows": n}
+
+# %% ../nbs/07_training.ipynb #9185a487
+TOKEN_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "seq_lengths")
 
 
 def load_prepared(path, streaming: bool = False):
@@ -126,17 +144,18 @@ def load_prepared(path, streaming: bool = False):
     keep = [c for c in (ds.column_names or TOKEN_COLUMNS) if c in TOKEN_COLUMNS]
     return ds.select_columns(keep), files
 
-# %% ../nbs/07_training.ipynb #9d7d35a0
+# %% ../nbs/07_training.ipynb #824882ed
 def make_collator(tokenizer, packed: bool, device: str = "cpu", pad_to_multiple_of: int | None = 8):
     "Collator for prepared rows: dynamic padding, or packed rows with restarting `position_ids` and no attention mask."
     from unsloth_prep.collators import PackedCollator, PaddingCollator
-    if not packed: return PaddingCollator.from_tokenizer(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
+    if not packed:
+        return PaddingCollator.from_tokenizer(tokenizer, pad_to_multiple_of=pad_to_multiple_of)
     # GPU: one flattened row (Unsloth derives varlen boundaries from position_ids only for batch size 1);
     # CPU/SDPA: keep the rows, transformers builds a block-diagonal mask per row from position_ids
     mode = "padding_free" if device == "cuda" else "position_ids"
     return PackedCollator.from_tokenizer(tokenizer, mode=mode, pad_to_multiple_of=pad_to_multiple_of)
 
-
+# %% ../nbs/07_training.ipynb #f6420bde
 class BatchProbe:
     "Counts the tokens of every batch the collator builds and what the model's forward receives while training."
     def __init__(self, collator, keep: int = 0):
@@ -165,18 +184,38 @@ class BatchProbe:
     def trained_tokens(self) -> int:
         return sum(t for _, t in self.built[: self.forwards])
 
-# %% ../nbs/07_training.ipynb #ec8f4289
+# %% ../nbs/07_training.ipynb #4ec88596
+def _schedule(cfg: dict, t: dict) -> dict:
+    "Save, eval and early-stopping settings implied by the config (explicit `trainer` keys win)."
+    given, out, src = cfg["trainer"], {}, cfg["_source"]
+    if given.get("save_steps") and "save_strategy" not in given:
+        out["save_strategy"] = "steps"
+    patience = (cfg.get("early_stopping") or {}).get("patience")
+    if not cfg["data"].get("eval_path"):
+        for k in ("eval_steps", "eval_strategy"):
+            if given.get(k) not in (None, "no"):
+                raise ValueError(f"{src}: 'trainer.{k}' needs 'data.eval_path' (the prepared eval Parquet)")
+        if patience:
+            raise ValueError(f"{src}: 'early_stopping.patience' needs 'data.eval_path' (the eval loss it watches)")
+        return out
+    if "eval_strategy" not in given:
+        out["eval_strategy"] = "steps"
+    if "eval_steps" not in given:
+        out["eval_steps"] = given.get("save_steps") or max(1, (t.get("max_steps") or 100) // 10)
+    out.setdefault("per_device_eval_batch_size", t.get("per_device_train_batch_size", 8))
+    if patience:
+        out.update(metric_for_best_model="eval_loss", greater_is_better=False)
+    return out
+
+# %% ../nbs/07_training.ipynb #5350f949
 _RESERVED_TRAINER_KEYS = {"output_dir": "output_dir (top level)", "max_length": "max_seq_length (top level)",
                           "max_seq_length": "max_seq_length (top level)", "packing": "packing (top level)",
                           "dataset_kwargs": None, "remove_unused_columns": None, "dataset_text_field": None,
                           "bf16": "model.dtype", "fp16": "model.dtype", "padding_free": "packing (top level)"}
 
 
-def sft_config(cfg: dict, settings: dict, hw: dict):
-    "SFTConfig for pre-tokenized data: TRL's preparation skipped, extra columns kept, precision by hardware."
-    from trl import SFTConfig
-    import dataclasses
-    fields = {f.name for f in dataclasses.fields(SFTConfig)}
+def _check_trainer_keys(cfg: dict, fields: set):
+    "Every `trainer` key must be an SFTConfig field that unsloth_prep does not set itself."
     for k in cfg["trainer"]:
         if k in _RESERVED_TRAINER_KEYS:
             where = _RESERVED_TRAINER_KEYS[k]
@@ -186,23 +225,32 @@ def sft_config(cfg: dict, settings: dict, hw: dict):
             near = difflib.get_close_matches(k, sorted(fields), n=1)
             raise ValueError(f"{cfg['_source']}: unknown key 'trainer.{k}' (not an SFTConfig argument)"
                              + (f"; did you mean 'trainer.{near[0]}'?" if near else ""))
+
+# %% ../nbs/07_training.ipynb #5d90e6f7
+def sft_config(cfg: dict, settings: dict, hw: dict):
+    "SFTConfig for pre-tokenized data: TRL's preparation skipped, extra columns kept, precision by hardware."
+    from trl import SFTConfig
+    import dataclasses
+    _check_trainer_keys(cfg, {f.name for f in dataclasses.fields(SFTConfig)})
     t = dict(settings["trainer"])
     if cfg["data"]["streaming"] and (t.get("max_steps") or -1) <= 0:
         raise ValueError(f"{cfg['_source']}: streaming data needs 'trainer.max_steps' > 0 (its length is unknown)")
+    t.update(_schedule(cfg, t))
     dtype = settings["dtype"]
     return SFTConfig(output_dir=str(Path(cfg["output_dir"]) / "checkpoints"), max_length=cfg["max_seq_length"],
                      dataset_kwargs={"skip_prepare_dataset": True}, remove_unused_columns=False,
-                     bf16=dtype == "bfloat16" and hw["device"] == "cuda", fp16=dtype == "float16" and hw["device"] == "cuda",
-                     dataloader_num_workers=0, **t)
+                     bf16=dtype == "bfloat16" and hw["device"] == "cuda",
+                     fp16=dtype == "float16" and hw["device"] == "cuda", dataloader_num_workers=0, **t)
 
-# %% ../nbs/07_training.ipynb #80049e57
+# %% ../nbs/07_training.ipynb #0e7a3799
 def load_model(cfg: dict, settings: dict):
     "Unsloth `FastLanguageModel.from_pretrained` (local path or Hub name) + LoRA via `get_peft_model`."
     import_stack()
     import torch
     from unsloth import FastLanguageModel
     m, lora = cfg["model"], settings["lora"]
-    if m["cpu_threads"] and not torch.cuda.is_available(): torch.set_num_threads(int(m["cpu_threads"]))
+    if m["cpu_threads"] and not torch.cuda.is_available():
+        torch.set_num_threads(int(m["cpu_threads"]))
     model, tok = FastLanguageModel.from_pretrained(
         model_name=m["name"], max_seq_length=cfg["max_seq_length"], dtype=getattr(torch, settings["dtype"]),
         load_in_4bit=settings["load_in_4bit"], trust_remote_code=m["trust_remote_code"])
@@ -217,7 +265,13 @@ def load_model(cfg: dict, settings: dict):
         use_rslora=lora["use_rslora"], modules_to_save=lora["modules_to_save"], max_seq_length=cfg["max_seq_length"])
     return model, tok
 
-# %% ../nbs/07_training.ipynb #3a7e3871
+# %% ../nbs/07_training.ipynb #f31d40da
+def _pack(ds, max_seq_length: int):
+    "Pack unpacked rows with `collators.pack_dataset` (best-fit-decreasing, positions restart per example)."
+    from unsloth_prep.collators import pack_dataset
+    return pack_dataset(ds, max_seq_length)
+
+# %% ../nbs/07_training.ipynb #ca657d83
 def prepare_data(cfg: dict, train_dataset=None):
     "The training rows: given Dataset/IterableDataset or prepared Parquet; checked, packed when asked."
     if train_dataset is None:
@@ -226,7 +280,8 @@ def prepare_data(cfg: dict, train_dataset=None):
     else:
         ds, source = train_dataset, "train_dataset"
         keep = [c for c in (ds.column_names or []) if c in TOKEN_COLUMNS]
-        if keep: ds = ds.select_columns(keep)
+        if keep:
+            ds = ds.select_columns(keep)
     info = check_prepared(ds, source, max_len=cfg["max_seq_length"])
     if cfg["packing"] and not info["packed"]:
         ds = _pack(ds, cfg["max_seq_length"])
@@ -235,14 +290,112 @@ def prepare_data(cfg: dict, train_dataset=None):
         raise ValueError(f"{source}: packed rows need a 'seq_lengths' column (lengths of the examples in each row)")
     return ds, {**info, "source": source}
 
+# %% ../nbs/07_training.ipynb #51146ef3
+def prepare_eval(cfg: dict, packed: bool, eval_dataset=None):
+    "The eval rows (`data.eval_path` or a given Dataset), in the training layout; None when there are none."
+    if eval_dataset is None and not cfg["data"].get("eval_path"):
+        return None, None
+    ecfg = {**cfg, "packing": packed, "data": {**cfg["data"], "path": cfg["data"]["eval_path"], "streaming": False}}
+    ds, info = prepare_data(ecfg, eval_dataset)
+    if info["packed"] != packed:
+        raise ValueError(f"{info['source']}: eval rows are packed but the training rows are not (data.eval_path)")
+    return ds, info
 
-def _pack(ds, max_seq_length: int):
-    "Pack unpacked rows with `unsloth_prep.collators.pack_dataset` (best-fit-decreasing, positions restart per example)."
-    from unsloth_prep.collators import pack_dataset
-    return pack_dataset(ds, max_seq_length)
+# %% ../nbs/07_training.ipynb #99f035f2
+def _eval_with(trainer, collator):
+    "Build eval batches with `collator` (the training collator without its probe, so token counts stay training's)."
+    get = trainer.get_eval_dataloader
 
-# %% ../nbs/07_training.ipynb #1ddfff3f
-def build_trainer(config, train_dataset=None, keep_batches: int = 0, callbacks=None):
+    def get_eval_dataloader(eval_dataset=None):
+        probe = trainer.data_collator
+        trainer.data_collator = collator
+        try:
+            return get(eval_dataset)
+        finally:
+            trainer.data_collator = probe
+    trainer.get_eval_dataloader = get_eval_dataloader
+    return trainer
+
+# %% ../nbs/07_training.ipynb #1f1ac222
+CHECKPOINT_DONE = "checkpoint_complete.json"
+
+
+def checkpoint_marker():
+    "A `TrainerCallback` writing `CHECKPOINT_DONE` into each checkpoint once the Trainer has saved all of it."
+    from transformers import TrainerCallback
+    from unsloth_prep.loading import atomic_path
+
+    class CheckpointMarker(TrainerCallback):
+        def on_save(self, args, state, control, **kwargs):
+            folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            if state.is_world_process_zero and folder.is_dir():
+                with atomic_path(folder / CHECKPOINT_DONE) as tmp:
+                    tmp.write_text(json.dumps({"step": state.global_step, "time": time.time()}))
+    return CheckpointMarker()
+
+# %% ../nbs/07_training.ipynb #63ecd0e4
+def is_complete(checkpoint) -> bool:
+    "True for a checkpoint folder the Trainer finished: the completion marker and a readable `trainer_state.json`."
+    folder = Path(checkpoint)
+    try:
+        json.loads((folder / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return (folder / CHECKPOINT_DONE).exists()
+
+# %% ../nbs/07_training.ipynb #ccf18a05
+def latest_checkpoint(folder) -> Path | None:
+    "The complete checkpoint with the highest step in `folder`; half-written ones are never picked."
+    found = []
+    for d in Path(folder).glob("checkpoint-*"):
+        step = d.name.split("-", 1)[1]
+        if step.isdigit() and is_complete(d):
+            found.append((int(step), d))
+    return max(found)[1] if found else None
+
+# %% ../nbs/07_training.ipynb #9e7492a6
+def _drop_incomplete(folder):
+    "Remove half-written checkpoint folders (the resumed run writes those steps again)."
+    import shutil
+    for d in Path(folder).glob("checkpoint-*"):
+        if d.is_dir() and not is_complete(d):
+            print(f"note: removing half-written checkpoint {d}")
+            shutil.rmtree(d)
+
+# %% ../nbs/07_training.ipynb #2bd6e151
+def resume_path(folder, resume=None) -> str | None:
+    "Checkpoint to resume from: None (fresh run), 'latest' (fresh when there is none yet) or a checkpoint folder."
+    if not resume:
+        return None
+    if resume == "latest":
+        found = latest_checkpoint(folder)
+        if found is None:
+            print(f"note: no complete checkpoint in {folder}; starting at step 0")
+            return None
+        _drop_incomplete(folder)
+        return str(found)
+    d = Path(resume)
+    if not d.is_dir():
+        raise FileNotFoundError(f"{d}: checkpoint folder not found (--resume)")
+    try:
+        json.loads((d / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        raise ValueError(f"{d}: not a complete checkpoint (no readable trainer_state.json); "
+                         "use --resume latest to pick the newest complete one") from None
+    return str(d.resolve())
+
+# %% ../nbs/07_training.ipynb #76c8f689
+def _run_callbacks(cfg: dict, callbacks=None) -> list:
+    "The caller's callbacks, the checkpoint-completion marker and, when asked, early stopping on the eval loss."
+    out = [*(callbacks or []), checkpoint_marker()]
+    es = cfg.get("early_stopping") or {}
+    if es.get("patience"):
+        from transformers import EarlyStoppingCallback
+        out.append(EarlyStoppingCallback(es["patience"], es.get("threshold") or 0.0))
+    return out
+
+# %% ../nbs/07_training.ipynb #e18c9c00
+def build_trainer(config, train_dataset=None, keep_batches: int = 0, callbacks=None, eval_dataset=None):
     "Everything before `trainer.train()`: config, settings, data, model, LoRA, collator + probe, SFTTrainer."
     cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
     import_stack()
@@ -250,56 +403,134 @@ def build_trainer(config, train_dataset=None, keep_batches: int = 0, callbacks=N
     settings = resolve_settings(cfg, hw)
     args = sft_config(cfg, settings, hw)            # validates trainer keys before the slow parts
     ds, data_info = prepare_data(cfg, train_dataset)
+    eval_ds, eval_info = prepare_eval(cfg, data_info["packed"], eval_dataset)
     model, tok = load_model(cfg, settings)
     from trl import SFTTrainer
     probe = BatchProbe(make_collator(tok, data_info["packed"], hw["device"]), keep=keep_batches)
-    trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=ds, data_collator=probe, args=args,
-                         callbacks=callbacks)
+    trainer = SFTTrainer(model=model, processing_class=tok, train_dataset=ds, eval_dataset=eval_ds,
+                         data_collator=probe, args=args, callbacks=_run_callbacks(cfg, callbacks))
+    _eval_with(trainer, probe.collator)
     trainer.model.register_forward_pre_hook(probe.hook, with_kwargs=True)
-    ctx = {"cfg": cfg, "hw": hw, "settings": settings, "data": data_info, "probe": probe, "tokenizer": tok}
+    ctx = {"cfg": cfg, "hw": hw, "settings": settings, "data": data_info, "eval": eval_info, "probe": probe,
+           "tokenizer": tok}
     return trainer, ctx
 
-# %% ../nbs/07_training.ipynb #60ff23df
-def loss_curve(log_history: list) -> list:
-    "(step, loss) pairs from `trainer.state.log_history` (training logs only)."
-    return [(h["step"], float(h["loss"])) for h in log_history if "loss" in h and "step" in h]
+# %% ../nbs/07_training.ipynb #b0614a76
+def loss_curve(log_history: list, key: str = "loss") -> list:
+    "(step, value) pairs of `key` from `trainer.state.log_history`: 'loss' (training) or 'eval_loss'."
+    return [(h["step"], float(h[key])) for h in log_history if key in h and "step" in h]
 
-
+# %% ../nbs/07_training.ipynb #f90b745d
 def plot_report(report: dict, figsize=(6, 3)):
-    "Two panels: the loss curve and RSS over the run (with the training window shaded)."
+    "Two panels: training and eval loss per step, and RSS over the run (with the training window shaded)."
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=figsize, dpi=80)
-    if report["loss_curve"]:
-        s, l = zip(*report["loss_curve"]); a.plot(s, l, marker=".", lw=1)
-    a.set_xlabel("step"); a.set_ylabel("training loss"); a.set_title("loss", fontsize=9)
+    for key, label, style in (("loss_curve", "training", "."), ("eval_curve", "eval", "o")):
+        if report.get(key):
+            steps, losses = zip(*report[key])
+            a.plot(steps, losses, marker=style, lw=1, label=label)
+    a.set_xlabel("step")
+    a.set_ylabel("loss")
+    a.legend(fontsize=7)
     if report.get("rss_timeline"):
-        t, mb = zip(*report["rss_timeline"]); b.plot(t, mb, lw=1)
-    if report.get("train_window"): b.axvspan(*report["train_window"], alpha=0.15, label="trainer.train()")
-    b.set_xlabel("seconds"); b.set_ylabel("RSS MB"); b.legend(fontsize=7, loc="lower right")
+        t, mb = zip(*report["rss_timeline"])
+        b.plot(t, mb, lw=1)
+    if report.get("train_window"):
+        b.axvspan(*report["train_window"], alpha=0.15, label="trainer.train()")
+        b.legend(fontsize=7, loc="lower right")
+    b.set_xlabel("seconds")
+    b.set_ylabel("RSS MB")
     cuda = report.get("cuda_peak_mb")
-    b.set_title(f"peak RSS {report['peak_rss_mb']:.0f} MB" + (f", CUDA {cuda['allocated']:.0f} MB" if cuda else ""), fontsize=9)
+    b.set_title(f"peak RSS {report['peak_rss_mb']:.0f} MB" + (f", CUDA {cuda['allocated']:.0f} MB" if cuda else ""),
+                fontsize=9)
     fig.tight_layout()
     return fig
 
-
+# %% ../nbs/07_training.ipynb #7f920095
 def write_report(report: dict, out_dir) -> tuple[Path, Path]:
     "Save the report as JSON and PNG in `out_dir`; returns both paths."
-    import matplotlib; import matplotlib.pyplot as plt
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    import matplotlib.pyplot as plt
+    from unsloth_prep.loading import atomic_path
+    out = Path(out_dir)
     jp, pp = out / "report.json", out / "report.png"
-    tmp = jp.with_suffix(".json.tmp"); tmp.write_text(json.dumps(report, indent=1, default=str)); tmp.replace(jp)
-    fig = plot_report(report); fig.savefig(pp); plt.close(fig)
+    with atomic_path(jp) as tmp:
+        tmp.write_text(json.dumps(report, indent=1, default=str))
+    fig = plot_report(report)
+    fig.savefig(pp)
+    plt.close(fig)
     return jp, pp
 
-
+# %% ../nbs/07_training.ipynb #aacd21db
 def _thin(timeline: list, n: int = 400) -> list:
     "At most n points of a timeline, keeping the peak."
-    if len(timeline) <= n: return [(round(t, 3), round(m, 1)) for t, m in timeline]
+    if len(timeline) <= n:
+        return [(round(t, 3), round(m, 1)) for t, m in timeline]
     step = len(timeline) / n
     pts = [timeline[int(i * step)] for i in range(n)] + [max(timeline, key=lambda x: x[1]), timeline[-1]]
     return [(round(t, 3), round(m, 1)) for t, m in sorted(set(pts))]
 
-# %% ../nbs/07_training.ipynb #a227b55c
+# %% ../nbs/07_training.ipynb #689f50d7
+def _report(trainer, ctx: dict, mem, result, window: list) -> dict:
+    "The run's report: what ran, losses (training and eval), tokens, time and memory."
+    cfg, probe, st = ctx["cfg"], ctx["probe"], ctx["settings"]
+    hist = trainer.state.log_history
+    curve, evals = loss_curve(hist), loss_curve(hist, "eval_loss")
+    secs = result.metrics.get("train_runtime", window[1] - window[0])
+    mode = getattr(probe.collator, "mode", None)
+    scalars = (int, float, str, bool, type(None))
+    return {
+        "model": cfg["model"]["name"], "data": ctx["data"]["source"], "packed": ctx["data"]["packed"],
+        "eval_data": (ctx["eval"] or {}).get("source"),
+        "collator": type(probe.collator).__name__ + (f"(mode={mode!r})" if mode else ""),
+        "device": ctx["hw"], "dtype": st["dtype"], "settings_source": st["source"],
+        "settings": {"lora": st["lora"], "load_in_4bit": st["load_in_4bit"],
+                     "trainer": {k: v for k, v in st["trainer"].items() if isinstance(v, scalars)}},
+        "steps": trainer.state.global_step, "first_loss": curve[0][1] if curve else None,
+        "final_loss": curve[-1][1] if curve else None, "loss_curve": curve,
+        "eval_curve": evals, "final_eval_loss": evals[-1][1] if evals else None,
+        "train_seconds": round(secs, 3), "tokens": probe.tokens, "trained_tokens": probe.trained_tokens,
+        "tokens_per_s": round(probe.tokens / secs, 1) if secs else None,
+        "peak_rss_mb": round(mem.peak_mb, 1), "baseline_rss_mb": round(mem.baseline_mb, 1),
+        "cuda_peak_mb": mem.cuda_peak_mb, "train_window": window, "rss_timeline": _thin(mem.timeline),
+        "seconds": round(mem.seconds, 3),
+    }
+
+# %% ../nbs/07_training.ipynb #d6121b02
+SUMMARY_KEYS = ("first_loss", "final_loss", "final_eval_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
+                "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter", "resumed_from")
+
+
+def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, return_trainer: bool = False,
+          resume=None, eval_dataset=None) -> dict:
+    "Train LoRA from a config (YAML path or dict), resuming from a checkpoint when asked ('latest' or a folder)."
+    from unsloth_prep.memory import track
+    cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
+    out = Path(cfg["output_dir"]).resolve()
+    ckpt = resume_path(out / "checkpoints", resume)
+    t0 = time.perf_counter()
+    with track("train", interval=0.02) as mem:
+        trainer, ctx = build_trainer(cfg, train_dataset, keep_batches, callbacks, eval_dataset)
+        t_train = time.perf_counter() - t0
+        result = trainer.train(resume_from_checkpoint=ckpt)
+        t_end = time.perf_counter() - t0
+        adapter = out / "adapter"
+        trainer.model.save_pretrained(str(adapter))
+        ctx["tokenizer"].save_pretrained(str(adapter))
+    report = _report(trainer, ctx, mem, result, [round(t_train, 3), round(t_end, 3)])
+    report.update(adapter=str(adapter), resumed_from=ckpt)
+    if cfg["generate"] and cfg["generate"].get("prompt"):
+        if not return_trainer:
+            del trainer
+        report["generated"] = _generate_after(cfg, ctx, adapter)
+    jp, pp = write_report(report, out)
+    summary = {k: report[k] for k in SUMMARY_KEYS}
+    summary.update(seconds=round(time.perf_counter() - t0, 3), report=str(jp), report_png=str(pp),
+                   device=ctx["hw"]["device"], generated=report.get("generated", {}).get("text"))
+    if return_trainer:
+        summary["_trainer"], summary["_ctx"] = trainer, ctx
+    return summary
+
+# %% ../nbs/07_training.ipynb #8881b35d
 def load_adapter(adapter_dir, max_seq_length: int = 2048, load_in_4bit: bool = False):
     "Reload a saved LoRA adapter (its base model is read from adapter_config.json) and its tokenizer."
     import_stack()
@@ -311,7 +542,7 @@ def load_adapter(adapter_dir, max_seq_length: int = 2048, load_in_4bit: bool = F
                                                    dtype=getattr(torch, hardware()["dtype"]), load_in_4bit=load_in_4bit)
     return model, tok
 
-
+# %% ../nbs/07_training.ipynb #e61c5ac7
 def generate(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> str:
     "Greedy reply to one user prompt, formatted with the tokenizer's chat template."
     import torch
@@ -320,85 +551,63 @@ def generate(model, tokenizer, prompt: str, max_new_tokens: int = 24) -> str:
     ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=True)
     ids = {k: v.to(model.device) for k, v in ids.items()}
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
-        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False,
-                             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id)
+        out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=pad)
     return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=False)
 
-# %% ../nbs/07_training.ipynb #b7315cfa
-def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, return_trainer: bool = False) -> dict:
-    "Train LoRA on prepared data from a config (YAML path or dict); save adapter, tokenizer and report; return the summary."
-    from unsloth_prep.memory import track
-    t0 = time.perf_counter()
-    with track("train", interval=0.02) as mem:
-        trainer, ctx = build_trainer(config, train_dataset, keep_batches=keep_batches, callbacks=callbacks)
-        cfg, probe, tok = ctx["cfg"], ctx["probe"], ctx["tokenizer"]
-        t_train = time.perf_counter() - t0
-        result = trainer.train()
-        t_end = time.perf_counter() - t0
-        out = Path(cfg["output_dir"]).resolve(); adapter = out / "adapter"
-        trainer.model.save_pretrained(str(adapter)); tok.save_pretrained(str(adapter))
-    curve = loss_curve(trainer.state.log_history)
-    secs = result.metrics.get("train_runtime", t_end - t_train)
-    report = {
-        "model": cfg["model"]["name"], "data": ctx["data"]["source"], "packed": ctx["data"]["packed"],
-        "collator": type(probe.collator).__name__ + (f"(mode={probe.collator.mode!r})" if hasattr(probe.collator, "mode") else ""),
-        "device": ctx["hw"], "dtype": ctx["settings"]["dtype"], "settings_source": ctx["settings"]["source"],
-        "settings": {"lora": ctx["settings"]["lora"], "load_in_4bit": ctx["settings"]["load_in_4bit"],
-                     "trainer": {k: v for k, v in ctx["settings"]["trainer"].items() if isinstance(v, (int, float, str, bool, type(None)))}},
-        "steps": trainer.state.global_step, "first_loss": curve[0][1] if curve else None,
-        "final_loss": curve[-1][1] if curve else None, "loss_curve": curve,
-        "train_seconds": round(secs, 3), "tokens": probe.tokens, "trained_tokens": probe.trained_tokens,
-        "tokens_per_s": round(probe.tokens / secs, 1) if secs else None,
-        "peak_rss_mb": round(mem.peak_mb, 1), "baseline_rss_mb": round(mem.baseline_mb, 1),
-        "cuda_peak_mb": mem.cuda_peak_mb, "train_window": [round(t_train, 3), round(t_end, 3)],
-        "rss_timeline": _thin(mem.timeline), "adapter": str(adapter), "seconds": round(mem.seconds, 3),
-    }
-    if cfg["generate"] and cfg["generate"].get("prompt"):
-        if not return_trainer: del trainer
-        _free_cuda()
-        model, tok2 = load_adapter(adapter, cfg["max_seq_length"], ctx["settings"]["load_in_4bit"])
-        report["generated"] = {"prompt": cfg["generate"]["prompt"],
-                               "text": generate(model, tok2, cfg["generate"]["prompt"], cfg["generate"]["max_new_tokens"])}
-        del model
-    jp, pp = write_report(report, out)
-    summary = {k: report[k] for k in ("first_loss", "final_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
-                                      "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter")}
-    summary.update(seconds=round(time.perf_counter() - t0, 3), report=str(jp), report_png=str(pp),
-                   device=ctx["hw"]["device"], generated=report.get("generated", {}).get("text"))
-    if return_trainer: summary["_trainer"], summary["_ctx"] = trainer, ctx
-    return summary
-
-
+# %% ../nbs/07_training.ipynb #250daf55
 def _free_cuda():
-    import gc; gc.collect()
+    import gc
+    gc.collect()
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available(): torch.cuda.empty_cache()
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
-# %% ../nbs/07_training.ipynb #2a1df098
+# %% ../nbs/07_training.ipynb #8cc0e571
+def _generate_after(cfg: dict, ctx: dict, adapter) -> dict:
+    "Reload the saved adapter (so the round trip is tested) and answer the config's prompt."
+    _free_cuda()
+    model, tok = load_adapter(adapter, cfg["max_seq_length"], ctx["settings"]["load_in_4bit"])
+    g = cfg["generate"]
+    text = generate(model, tok, g["prompt"], g["max_new_tokens"])
+    del model
+    _free_cuda()
+    return {"prompt": g["prompt"], "text": text}
+
+# %% ../nbs/07_training.ipynb #3768f183
 def train_args(parser):
     "Arguments of `unsloth-prep train CONFIG.yaml`."
     parser.add_argument("config", help="YAML config: data, model, template, max_seq_length, packing, lora, trainer")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set trainer.max_steps=10 (value parsed as YAML)")
     parser.add_argument("--output-dir", default=None, help="override output_dir")
+    parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
+                        help="continue from the newest complete checkpoint in OUTPUT_DIR/checkpoints (or PATH); "
+                             "'latest' starts at step 0 when there is none yet")
     return parser
 
-
+# %% ../nbs/07_training.ipynb #8028d663
 def train_main(args) -> dict:
     "Run `unsloth-prep train`: validate the config, train, print where the artefacts are, return the summary."
     import yaml
     overrides = {}
     for kv in args.set:
-        if "=" not in kv: raise ValueError(f"--set {kv!r}: expected KEY=VALUE")
-        k, v = kv.split("=", 1); overrides[k.strip()] = yaml.safe_load(v)
-    if args.output_dir: overrides["output_dir"] = os.path.abspath(args.output_dir)
+        if "=" not in kv:
+            raise ValueError(f"--set {kv!r}: expected KEY=VALUE")
+        k, v = kv.split("=", 1)
+        overrides[k.strip()] = yaml.safe_load(v)
+    if args.output_dir:
+        overrides["output_dir"] = os.path.abspath(args.output_dir)
     cfg = load_config(args.config, overrides)
     prerun_check(cfg)
-    s = train(cfg)
+    s = train(cfg, resume=args.resume)
     f = lambda x: "n/a" if x is None else f"{x:.3f}"
-    print(f"loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps, {s['tokens_per_s']} tokens/s, "
-          f"peak RSS {s['peak_rss_mb']:.0f} MB")
+    if s["resumed_from"]:
+        print(f"resumed from {s['resumed_from']}")
+    print(f"loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps (eval loss "
+          f"{f(s['final_eval_loss'])}), {s['tokens_per_s']} tokens/s, peak RSS {s['peak_rss_mb']:.0f} MB")
     print(f"adapter: {s['adapter']}\nreport: {s['report']} (+ {s['report_png']})")
-    if s.get("generated") is not None: print(f"generated: {s['generated']!r}")
+    if s.get("generated") is not None:
+        print(f"generated: {s['generated']!r}")
     return s
