@@ -61,3 +61,21 @@ def test_notebook_conventions(nb):
             assert not all(l.startswith("# ") or l.strip() == "#" for l in lines), f"commented-out markdown: {lines[0][:60]}"
     size = nb.stat().st_size
     assert size < 1_500_000, f"{nb.name} is {size:,} bytes: keep figures small"
+
+
+def test_prepare_routes_by_task(tmp_path):
+    # the same `prepare` command reaches each task's module; an unknown task is refused with the choices (exit 2)
+    from unsloth_prep.fixtures import tiny_model
+    tok = tiny_model()
+    (tmp_path / "t.jsonl").write_text('{"text": "one small document"}\n{"text": "and a second one"}\n')
+    pre = last_json(run("unsloth-prep", "prepare", tmp_path / "t.jsonl", "--tokenizer", tok, "--out",
+                        tmp_path / "b.parquet", "--task", "pretrain", "--block-size", "4"))
+    assert pre["documents"] == 2 and pre["blocks"] >= 1
+    pair = '{"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "hello"}], ' \
+           '"rejected": [{"role": "assistant", "content": "no"}]}\n'
+    (tmp_path / "p.jsonl").write_text(pair)
+    dpo = last_json(run("unsloth-prep", "prepare", tmp_path / "p.jsonl", "--tokenizer", tok, "--out",
+                        tmp_path / "d.parquet", "--task=dpo"))
+    assert dpo["task"] == "dpo" and dpo["rows"] == 1
+    bad = run("unsloth-prep", "prepare", tmp_path / "p.jsonl", "--task", "rlhf", check=False)
+    assert bad.returncode == 2 and "choose from sft, pretrain, dpo, orpo, kto" in bad.stderr

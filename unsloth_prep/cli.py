@@ -9,9 +9,9 @@ from . import __version__
 from .memory import own_peak_mb
 
 # %% auto #0
-__all__ = ['COMMANDS', 'top_parser', 'command_parser', 'peak_rss_mb', 'finish', 'main']
+__all__ = ['COMMANDS', 'TASKS', 'top_parser', 'task_of', 'command_parser', 'peak_rss_mb', 'finish', 'main']
 
-# %% ../nbs/10_cli.ipynb #d3f1fe96
+# %% ../nbs/10_cli.ipynb #dbb0496c
 COMMANDS = {
     "demo": ("unsloth_prep.demo", "run the whole pipeline on generated data and write a memory report"),
     "generate": ("unsloth_prep.fixtures", "write generated instruction data (JSONL or JSON array)"),
@@ -19,11 +19,12 @@ COMMANDS = {
     "inspect": ("unsloth_prep.loading", "stream a dataset once: format, columns, records, malformed lines"),
     "convert": ("unsloth_prep.convert", "JSONL / JSON array to Parquet in bounded memory, with a rejects file"),
     "stats": ("unsloth_prep.tokenization", "token length statistics and a suggested max_seq_length"),
-    "prepare": ("unsloth_prep.tokenization", "tokenize, mask labels (and pack) into Parquet"),
+    "prepare": ("unsloth_prep.tokenization", "tokenize into Parquet (--task sft, pretrain, dpo, orpo, kto)"),
     "pack": ("unsloth_prep.collators", "pack tokenized Parquet into full rows (whole-dataset best-fit-decreasing)"),
     "plan": ("unsloth_prep.oom", "VRAM estimate and recommended settings for a GPU"),
     "train": ("unsloth_prep.training", "train with Unsloth + LoRA + SFTTrainer from a YAML config"),
     "doctor": ("unsloth_prep.doctor", "find the data and config problems that break fine-tuning"),
+    "export": ("unsloth_prep.lifecycle", "merge a run's LoRA adapter into the base model, with its tokenizer"),
 }
 
 # %% ../nbs/10_cli.ipynb #85d24fbb
@@ -37,13 +38,39 @@ def top_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=help_, add_help=False)
     return p
 
-# %% ../nbs/10_cli.ipynb #66a3f4db
-def command_parser(name: str):
-    "The full parser of one subcommand and its module (imported now)."
-    module = importlib.import_module(COMMANDS[name][0])
+# %% ../nbs/10_cli.ipynb #a92fe86b
+TASKS = {
+    "sft": ("unsloth_prep.tokenization", "prepare"),
+    "pretrain": ("unsloth_prep.pretrain", "pretrain"),
+    "dpo": ("unsloth_prep.preference", "preference"),
+    "orpo": ("unsloth_prep.preference", "preference"),
+    "kto": ("unsloth_prep.preference", "preference"),
+}
+
+def task_of(argv: list) -> str:
+    "The value of `--task X` / `--task=X` in `argv` (default `sft`); unknown tasks are refused with the choices."
+    task = "sft"
+    for i, a in enumerate(argv):
+        if a == "--task" and i + 1 < len(argv):
+            task = argv[i + 1]
+        elif a.startswith("--task="):
+            task = a.split("=", 1)[1]
+    if task not in TASKS:
+        raise ValueError(f"unknown --task {task!r}; choose from {', '.join(TASKS)}")
+    return task
+
+# %% ../nbs/10_cli.ipynb #1ce5fb79
+def command_parser(name: str, argv: list = ()):
+    "The full parser of one subcommand, its module (imported now) and the prefix of its `_args`/`_main` functions."
+    module_name, prefix = COMMANDS[name][0], name.replace("-", "_")
+    if name == "prepare":
+        module_name, prefix = TASKS[task_of(list(argv))]
+    module = importlib.import_module(module_name)
     p = argparse.ArgumentParser(prog=f"unsloth-prep {name}", description=COMMANDS[name][1])
-    getattr(module, name.replace("-", "_") + "_args")(p)
-    return p, module
+    getattr(module, prefix + "_args")(p)
+    if name == "prepare" and "--task" not in p._option_string_actions:
+        p.add_argument("--task", default="sft", choices=list(TASKS), help="what the data is prepared for")
+    return p, module, prefix
 
 # %% ../nbs/10_cli.ipynb #0f76a8a4
 def peak_rss_mb() -> float:
@@ -57,11 +84,11 @@ def finish(summary: dict, t0: float) -> str:
     summary.setdefault("peak_rss_mb", peak_rss_mb())
     return json.dumps(summary, ensure_ascii=False, default=str)
 
-# %% ../nbs/10_cli.ipynb #1266a938
-def _run_stage(name: str, module, args, t0: float) -> int:
+# %% ../nbs/10_cli.ipynb #0c088f6c
+def _run_stage(name: str, main_fn, args, t0: float) -> int:
     "Run one stage's `_main`, print its summary line, and return the exit code."
     try:
-        summary = getattr(module, name.replace("-", "_") + "_main")(args) or {}
+        summary = main_fn(args) or {}
     except (ValueError, FileNotFoundError, KeyError) as e:
         msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
         print(f"unsloth-prep {name}: error: {msg}", file=sys.stderr)
@@ -81,5 +108,8 @@ def main(argv: list | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
-    parser, module = command_parser(name)
-    return _run_stage(name, module, parser.parse_args(rest), time.perf_counter())
+    try:
+        parser, module, prefix = command_parser(name, rest)
+    except ValueError as e:
+        top.error(str(e))
+    return _run_stage(name, getattr(module, prefix + "_main"), parser.parse_args(rest), time.perf_counter())
