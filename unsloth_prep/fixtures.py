@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Iterator
 
 # %% auto #0
-__all__ = ['CHATML_TEMPLATE', 'SPECIAL_TOKENS', 'TINY_SPEC', 'iter_records', 'write_records', 'default_cache_dir',
-           'build_tokenizer', 'build_tiny_model', 'tiny_model', 'tiny_model_args', 'tiny_model_main', 'generate_args',
-           'generate_main', 'iter_corpus', 'write_corpus', 'iter_pairs', 'write_pairs']
+__all__ = ['CHATML_TEMPLATE', 'SPECIAL_TOKENS', 'TINY_SPEC', 'OTHER_KINDS', 'GENERATED_KINDS', 'iter_records', 'write_records',
+           'default_cache_dir', 'build_tokenizer', 'build_tiny_model', 'tiny_model', 'tiny_model_args',
+           'tiny_model_main', 'generate_args', 'generate_main', 'iter_corpus', 'write_corpus', 'iter_pairs',
+           'write_pairs']
 
 # %% ../nbs/01_fixtures.ipynb #16559816
 _EN = ("the model data token memory batch train loss learn answer question user system file stream parquet "
@@ -205,7 +206,7 @@ def tiny_model(path=None, spec: dict | None = None) -> Path:
     if marker.exists() and json.loads(marker.read_text()) == spec: return path
     return build_tiny_model(path, spec)
 
-# %% ../nbs/01_fixtures.ipynb #d3bd814e
+# %% ../nbs/01_fixtures.ipynb #37f76436
 def tiny_model_args(p):
     "Arguments of `unsloth-prep tiny-model`."
     p.add_argument("dir", nargs="?", help="output folder (default: the cache dir)")
@@ -216,13 +217,18 @@ def tiny_model_main(args) -> dict:
     print(f"tiny model ready at {path}")
     return {"path": str(path), "files": sorted(f.name for f in path.iterdir())}
 
+OTHER_KINDS = ("text", "txt", "pairs", "kto")
+
 def generate_args(p):
     "Arguments of `unsloth-prep generate`."
     p.add_argument("out", help="output file (.jsonl, .json for a JSON array, .gz to compress)")
     p.add_argument("--n", type=int, help="number of records")
     p.add_argument("--size-mb", type=float, help="stop at this many MB instead")
-    p.add_argument("--format", default="alpaca", choices=["alpaca", "sharegpt", "openai"])
+    p.add_argument("--format", default="alpaca", choices=["alpaca", "sharegpt", "openai", *OTHER_KINDS],
+                   help="conversations (alpaca, sharegpt, openai), a text corpus (text: JSONL; txt: a folder of "
+                        ".txt files) or preference data (pairs, kto)")
     p.add_argument("--malformed-rate", type=float, default=0.0)
+    p.add_argument("--defect-every", type=int, default=0, help="pairs/kto: every Nth record gets a planted defect")
     p.add_argument("--empty-rate", type=float, default=0.0)
     p.add_argument("--huge-every", type=int, default=0, help="every Nth record gets a 200k-character response")
     p.add_argument("--seed", type=int, default=0)
@@ -230,6 +236,8 @@ def generate_args(p):
 def generate_main(args) -> dict:
     "Write generated records and report the counts."
     out = str(args.out)
+    if args.format in OTHER_KINDS:  # text corpora and preference data: defined further down
+        return GENERATED_KINDS[args.format](args)
     layout = "json_array" if out.removesuffix(".gz").endswith(".json") else "jsonl"
     info = write_records(out, n=args.n, size_mb=args.size_mb, fmt=args.format, layout=layout, seed=args.seed,
                          malformed_rate=args.malformed_rate, empty_rate=args.empty_rate, huge_every=args.huge_every,
@@ -370,3 +378,20 @@ def write_pairs(path, n: int, form: str = "pairs", seed: int = 0, lang: str = "m
             info["bytes"] += len(line.encode())
             if defect: info["defects"][defect].append(info["records"])
     return info
+
+# %% ../nbs/01_fixtures.ipynb #f4f77b50
+def _generate_corpus(args) -> dict:
+    "`generate --format text|txt`: a text corpus as JSONL, or a folder of .txt files."
+    layout = "jsonl" if args.format == "text" else "txt"
+    info = write_corpus(args.out, args.n or 1000, layout=layout, seed=args.seed, empty_rate=args.empty_rate,
+                        huge_every=args.huge_every, malformed_rate=args.malformed_rate)
+    print(f"wrote {info['records']:,} documents to {args.out}")
+    return info
+
+def _generate_pairs(args) -> dict:
+    "`generate --format pairs|kto`: preference pairs or KTO examples as JSONL."
+    info = write_pairs(args.out, args.n or 1000, form=args.format, seed=args.seed, defect_every=args.defect_every)
+    print(f"wrote {info['records']:,} records to {args.out}")
+    return info
+
+GENERATED_KINDS = {"text": _generate_corpus, "txt": _generate_corpus, "pairs": _generate_pairs, "kto": _generate_pairs}
