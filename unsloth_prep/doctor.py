@@ -413,10 +413,20 @@ def check_config(cfg: dict, report: Report):
     for f in run_checks(ctx): report.merge(f)
     if "config" in ctx.info: report.info["config"] = ctx.info["config"]
 
-# %% ../nbs/08_doctor.ipynb #3566d9e4
+# %% ../nbs/08_doctor.ipynb #a00a423d
+def _check_pairs(data, head: list, tok, max_seq_length, template, mapping, report: Report) -> bool:
+    "Run the preference checks when `head`'s first record is preference data; True when it was."
+    from unsloth_prep.preference import check_preference, detect_task
+    if not head or detect_task(head[0][2], mapping) is None: return False
+    for f in check_preference(data, tok, max_seq_length, template=template, mapping=mapping): report.merge(f)
+    report.info["format"] = "preference"
+    report.checked = sum(1 for _ in iter_located(data, Rejects(keep=0), Report("count")))
+    return True
+
+# %% ../nbs/08_doctor.ipynb #c0ff3384
 def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: int | None = None, config=None,
            sample: int | None = None, fmt: str = "auto", mapping: dict | None = None, train_on: str = "all-assistant",
-           batch_size: int = 256) -> Report:
+           batch_size: int = 256, rejects_path=None) -> Report:
     """Stream `data` once (the first `sample` records if given) and report every problem found, each with its fix.
 
     `tokenizer` (path or object) enables the tokenizer, template and token-level checks; `config` (training YAML/dict)
@@ -428,7 +438,7 @@ def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: in
         max_seq_length, template = cfg["max_seq_length"], template or cfg["template"]
         if tokenizer is None and Path(cfg["model"]["name"]).is_dir(): tokenizer = cfg["model"]["name"]
     report.info.update(max_seq_length=max_seq_length, template=template)
-    rejects, dups = Rejects(keep=3), DupFinder()
+    rejects, dups = Rejects(path=rejects_path, keep=3), DupFinder()
     stream = iter_located(data, rejects, report)
     if sample: stream = islice(stream, sample)
     head = list(islice(stream, 64))
@@ -439,11 +449,12 @@ def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: in
         report.add("no_records", report.source)
     elif tokenized:
         check_tokenized(stream, report, tok, max_seq_length, batch_size)
-    elif head:
+    elif head and not _check_pairs(data, head, tok, max_seq_length, template, mapping, report):
         tokens = TokenChecks(tok, report, max_seq_length, train_on, batch_size) if usable else None
         check_records(stream, head, report, fmt, mapping, tokens, dups)
         if tokens is not None: tokens.finish()
         dups.report(report)
+    rejects.close()
     if rejects.count:
         f = report.add("malformed_line", n=rejects.count, detail=rejects.items[0]["error"] if rejects.items else "")
         one = report.info.get("files", 1) == 1
@@ -485,7 +496,7 @@ def write_clean(data, out, fmt: str = "auto", mapping: dict | None = None) -> di
             "duplicate")
     return {"out": str(out), "format": fmt, **{k: counts[k] for k in keys}}
 
-# %% ../nbs/08_doctor.ipynb #eeb3bdcf
+# %% ../nbs/08_doctor.ipynb #081225a6
 def doctor_args(parser):
     "Arguments of `unsloth-prep doctor`."
     parser.add_argument("data", help="data file, folder or glob (JSONL, JSON array, CSV, Parquet; raw or tokenized)")
@@ -498,14 +509,16 @@ def doctor_args(parser):
     parser.add_argument("--mapping", default=None, help='JSON canonical field -> column, e.g. \'{"output": "answer"}\'')
     parser.add_argument("--train-on", default="all-assistant", choices=("all-assistant", "last-assistant"))
     parser.add_argument("--write-clean", default=None, metavar="OUT", help="write a copy without the flagged records")
+    parser.add_argument("--rejects", default=None, help="write every malformed line (file, line, error, raw) as JSONL")
     return parser
 
-# %% ../nbs/08_doctor.ipynb #af65d6d7
+# %% ../nbs/08_doctor.ipynb #5ac37631
 def doctor_main(args) -> dict:
     "Run `doctor`, print the report; summary with errors, warnings, codes, findings and `exit_code` (1 when errors)."
     mapping = json.loads(args.mapping) if args.mapping else None
     rep = doctor(args.data, tokenizer=args.tokenizer, template=args.template, max_seq_length=args.max_seq_length,
-                 config=args.config, sample=args.sample, fmt=args.format, mapping=mapping, train_on=args.train_on)
+                 config=args.config, sample=args.sample, fmt=args.format, mapping=mapping, train_on=args.train_on,
+                 rejects_path=args.rejects)
     print(rep.text())
     out = rep.as_dict()
     if args.write_clean:
