@@ -66,7 +66,7 @@ class LeanTokenizer:
         "The named special tokens that are set (what chat templates receive as variables)."
         return {k: str(self._special[k]) for k in SPECIAL_KEYS if self._special.get(k) is not None}
 
-# %% ../nbs/04_tokenization.ipynb #1b458daf
+# %% ../nbs/04_tokenization.ipynb #cb4590b3
 @patch(cls_method=True)
 def from_folder(cls: LeanTokenizer, path):
     "Read `tokenizer.json`, the special tokens and the chat template of a tokenizer (or model) folder."
@@ -78,7 +78,9 @@ def from_folder(cls: LeanTokenizer, path):
     cfg = _read_json(path / "tokenizer_config.json")
     if "added_tokens_decoder" not in cfg: cfg = {**cfg, **_read_json(path / "special_tokens_map.json")}
     special = {k: _token_text(cfg.get(k)) for k in SPECIAL_KEYS}
-    return cls(Tokenizer.from_file(str(path / "tokenizer.json")), _folder_template(path, cfg), special, path)
+    tok = cls(Tokenizer.from_file(str(path / "tokenizer.json")), _folder_template(path, cfg), special, path)
+    tok.padding_side = cfg.get("padding_side", "right")
+    return tok
 
 # %% ../nbs/04_tokenization.ipynb #490e2cbd
 def _token_property(key: str):
