@@ -172,15 +172,12 @@ def fix_pad_token(tokenizer, model=None):
     if model is not None: model.config.pad_token_id = tokenizer.pad_token_id
     return tokenizer
 
-# %% ../nbs/08_doctor.ipynb #51b2397b
+# %% ../nbs/08_doctor.ipynb #2f728395
 def open_tokenizer(tokenizer, template: str | None = None):
-    "A tokenizer object from a path (no remote code) or an object, with Unsloth's template `template` applied if given."
-    from unsloth_prep.tokenization import apply_template
+    "A tokenizer from a folder (torch-free, no remote code) or an object, with Unsloth's template `template` if given."
+    from unsloth_prep.tokenization import apply_template, load_tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
-        if not Path(tokenizer).exists(): raise FileNotFoundError(f"{tokenizer}: no such tokenizer folder")
-        if template: import unsloth  # noqa: F401  (before transformers, as Unsloth asks)
-        from transformers import AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), trust_remote_code=False)
+        return load_tokenizer(tokenizer, template, require_template=False)  # torch-free; doctor reports a missing template
     return apply_template(tokenizer, template) if template else tokenizer
 
 # %% ../nbs/08_doctor.ipynb #8e819390

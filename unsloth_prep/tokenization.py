@@ -291,14 +291,15 @@ def _tokenizer_folder(path) -> Path:
     if isinstance(path, str) and is_hub_name(path) and not path.startswith((".", "~")): return _hub_folder(path)
     raise FileNotFoundError(f"{path}: no such tokenizer folder")
 
-# %% ../nbs/04_tokenization.ipynb #86342176
-def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = False) -> LeanTokenizer:
+# %% ../nbs/04_tokenization.ipynb #29aeef06
+def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = False,
+                   require_template: bool = True) -> LeanTokenizer:
     "Load a tokenizer folder once, without torch; `template`: one of Unsloth's names, resolved once and cached."
     if trust_remote_code: raise ValueError("tokenizers that need remote code are not supported by the lean loader")
     folder = _tokenizer_folder(path)
     if template not in OWN_TEMPLATE: folder = template_folder(folder, template)
     tok = LeanTokenizer.from_folder(folder)
-    if not tok.chat_template: raise ValueError(no_template_message(tok))
+    if require_template and not tok.chat_template: raise ValueError(no_template_message(tok))
     return tok
 
 # %% ../nbs/04_tokenization.ipynb #e4bdaf87
