@@ -255,3 +255,13 @@ def test_pack_parquet_bounded_same_bytes_as_memory(tmp_path, overflow):
         rej = pq.read_table(st["rejects"])
         assert rej["row"].to_pylist() == [i for i, r in enumerate(rows) if len(r["input_ids"]) > 300]
         assert rej["input_ids"].to_pylist() == [r["input_ids"] for r in rows if len(r["input_ids"]) > 300]
+
+
+def test_pack_stream_positions_restart_per_example():
+    """Each example of a streamed packed row starts at position 0 and its first label is masked."""
+    rows = synthetic_rows(300, seed=5, max_len=500)
+    for r in pack_stream(iter(rows), 1024, buffer_size=64):
+        s = 0
+        for n in r["seq_lengths"]:
+            assert r["position_ids"][s:s + n] == list(range(n)) and r["labels"][s] == IGNORE_INDEX
+            s += n
