@@ -918,16 +918,16 @@ def _write_parquet(tables, path):
     finally:
         if writer is not None: writer.close()
 
-# %% ../nbs/04_tokenization.ipynb #d539fd34
-def _with_progress(columns, counts: TokenizeCounts, on: bool):
-    "The column batches, with a progress bar of records read when `on`."
-    if not on:
+# %% ../nbs/04_tokenization.ipynb #d7beab2f
+def _with_progress(columns, counts: TokenizeCounts, on: bool | None, desc: str = "prepare"):
+    "The column batches, with a progress line of records read (`on`: True, False, or None: only on a terminal)."
+    if on is False:
         yield from columns
         return
-    from tqdm.auto import tqdm
-    with tqdm(unit=" rows", desc="prepare") as bar:
+    from unsloth_prep.parallel import Progress  # the one progress line of every command
+    with Progress(None, desc, on) as bar:
         for cols in columns:
-            bar.update(counts.rows_in - bar.n)
+            bar.update(counts.rows_in - bar.rows)
             yield cols
 
 def _located(e: ValueError, data) -> ValueError:
@@ -935,10 +935,11 @@ def _located(e: ValueError, data) -> ValueError:
     src = str(data) if isinstance(data, (str, os.PathLike)) else None
     return ValueError(f"{src}: {e}") if src and not str(e).startswith(src) else e
 
-# %% ../nbs/04_tokenization.ipynb #814b1b75
+# %% ../nbs/04_tokenization.ipynb #f61d6c0d
 def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_length: int | None = None,
             on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = 256, fmt: str = "auto",
-            on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None, progress: bool = False) -> dict:
+            on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None,
+            progress: bool | None = False) -> dict:
     "Stream conversations -> tokenize + mask -> Parquet at `out` (written to a temp file, renamed when complete)."
     from unsloth_prep.loading import Rejects, atomic_path
     ct = ChatTokenizer(tokenizer, train_on, max_seq_length, on_overflow, chars_per_token)
@@ -955,12 +956,13 @@ def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_lengt
             "rejected": rejects.count, "seconds": round(time.perf_counter() - t0, 3)}
 
 def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: int = 256, fmt: str = "auto",
-                  on_error: str = "raise") -> tuple[LengthStats, TokenizeCounts, int]:
+                  on_error: str = "raise", progress: bool | None = False) -> tuple[LengthStats, TokenizeCounts, int]:
     "One streaming pass: tokenize + mask every conversation (no truncation) and accumulate length statistics."
     from unsloth_prep.loading import Rejects
     ct, st, counts, rejects = ChatTokenizer(tokenizer, train_on), LengthStats(), TokenizeCounts(), Rejects()
-    for cols in tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts):
-        st.update(cols, tokenizer.bos_token_id)
+    cols = tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts)
+    for c in _with_progress(cols, counts, progress, "stats"):
+        st.update(c, tokenizer.bos_token_id)
     return st, counts, rejects.count
 
 # %% ../nbs/04_tokenization.ipynb #6c5bdfb5
@@ -976,7 +978,7 @@ def _common_args(p):
                    help="malformed input lines: stop, or skip and count")
     p.add_argument("--batch-size", type=int, default=256, help="records per batch (memory grows with it)")
 
-# %% ../nbs/04_tokenization.ipynb #73b2d1b6
+# %% ../nbs/04_tokenization.ipynb #15dfbd6f
 def stats_args(p):
     "Arguments of `unsloth-prep stats`."
     _common_args(p)
@@ -986,12 +988,15 @@ def stats_args(p):
     p.add_argument("--max-seq-length", type=int, default=None,
                    help="report truncation at this length instead of the suggestion")
     p.add_argument("--plot", default=None, help="save the length histogram to this PNG")
+    from unsloth_prep.parallel import progress_args
+    progress_args(p)
 
-# %% ../nbs/04_tokenization.ipynb #2ddb7188
+# %% ../nbs/04_tokenization.ipynb #f6411293
 def stats_main(args) -> dict:
     "Token length statistics and a suggested max_seq_length, in one streaming pass."
     tok = load_tokenizer(args.tokenizer, args.template)
-    st, counts, rejected = collect_stats(args.data, tok, args.train_on, args.batch_size, args.format, args.on_error)
+    st, counts, rejected = collect_stats(args.data, tok, args.train_on, args.batch_size, args.format, args.on_error,
+                                         progress=False if args.no_progress else None)
     s = st.summary(args.percentile, args.multiple, args.max_seq_length)
     s.update(records=counts.rows_in, rows=s["records"], dropped=counts.dropped, dropped_reasons=dict(counts.reasons),
              rejected=rejected)
@@ -1006,7 +1011,7 @@ def stats_main(args) -> dict:
         s["plot"] = str(args.plot)
     return s
 
-# %% ../nbs/04_tokenization.ipynb #ce176c8f
+# %% ../nbs/04_tokenization.ipynb #7db763e3
 def prepare_args(p):
     "Arguments of `unsloth-prep prepare`."
     _common_args(p)
@@ -1020,17 +1025,18 @@ def prepare_args(p):
     p.add_argument("--pack", action="store_true",
                    help="then pack the rows into full --max-seq-length rows (collators.pack_parquet: "
                         "whole-dataset best-fit-decreasing)")
+    from unsloth_prep.parallel import scale_args
+    from unsloth_prep.lifecycle import split_args
+    scale_args(p)  # --workers, --engine, --no-progress
+    split_args(p)  # --eval-fraction, --eval-size, --split-seed, --dedup
 
-# %% ../nbs/04_tokenization.ipynb #d3117d4c
-def prepare_main(args) -> dict:
-    "Tokenize and mask conversations into Parquet with input_ids, attention_mask, labels."
-    if args.pack and not args.max_seq_length:
-        raise ValueError("prepare --pack needs --max-seq-length (the packed row length)")
+# %% ../nbs/04_tokenization.ipynb #07195f9c
+def _prepare_one(args, data, out: Path) -> dict:
+    "Tokenize and mask `data` into `out` in this process (then pack it with `--pack`)."
     tok = load_tokenizer(args.tokenizer, args.template)
-    out = Path(args.out)
     target = out.with_name(f".{out.name}.tokenized.parquet") if args.pack else out
-    s = prepare(args.data, tok, target, args.train_on, args.max_seq_length, args.on_overflow, args.chars_per_token,
-                args.batch_size, args.format, args.on_error)
+    s = prepare(data, tok, target, args.train_on, args.max_seq_length, args.on_overflow, args.chars_per_token,
+                args.batch_size, args.format, args.on_error, progress=False if args.no_progress else None)
     print(f"{s['rows']:,} rows tokenized: {s['tokens']:,} tokens, {s['trainable_tokens']:,} trainable; "
           f"dropped {s['dropped']} {s['dropped_reasons']}, truncated {s['truncated']}, rejected {s['rejected']}")
     if args.pack:
@@ -1042,3 +1048,15 @@ def prepare_main(args) -> dict:
         print(f"packed into {pk['rows']:,} rows of {args.max_seq_length} (efficiency {pk['efficiency']:.2%})")
     print(f"-> {s['out']}")
     return s
+
+def prepare_main(args) -> dict:
+    "Tokenize and mask conversations into Parquet: one process, shards (`--workers`, `--engine`), or a train/eval split."
+    if args.pack and not args.max_seq_length:
+        raise ValueError("prepare --pack needs --max-seq-length (the packed row length)")
+    if args.eval_fraction is not None or args.eval_size is not None:
+        from unsloth_prep.lifecycle import prepare_split
+        return prepare_split(args, lambda data, out: _prepare_one(args, data, Path(out)))
+    from unsloth_prep.parallel import prepare_sharded
+    if (sharded := prepare_sharded(args)) is not None:
+        return sharded
+    return _prepare_one(args, args.data, Path(args.out))
