@@ -17,7 +17,7 @@ __all__ = ['KNOWN_CONFIGS', 'GB', 'ACT_BYTES', 'WEIGHT_BYTES', 'OPTIMIZERS', 'CE
            'CHAIN', 'MEASURE_SPEC', 'known_name', 'Arch', 'load_arch', 'layer_activation_elems', 'Estimate', 'estimate',
            'gpu_spec', 'fits', 'unsloth_docs_min_gb', 'seq_len_from_stats', 'max_fitting_seq_len', 'recommend',
            'gpu_table', 'scan_data', 'quant_type_facts', 'auto_batch_facts', 'group_by_length_facts', 'packed_lengths',
-           'cpu_train_step', 'measure_cpu_steps', 'plan_args', 'plan_main']
+           'cpu_train_step', 'measure_cpu_steps', 'plan_args', 'task_extras', 'plan_main']
 
 # %% ../nbs/06_oom.ipynb #15824d83
 # Architecture numbers typed from the models' public config.json files (Hub), so `--model llama-3.1-8b` works offline.
@@ -626,7 +626,7 @@ def measure_cpu_steps(model_path, seq_lens=(512, 1024, 2048), modes=(False, True
                          "peak_mb": round(r.peak_mb, 1), "baseline_mb": round(r.value["baseline_mb"], 1)})
     return rows
 
-# %% ../nbs/06_oom.ipynb #1ae071c0
+# %% ../nbs/06_oom.ipynb #f60c7776
 def plan_args(p):
     "Arguments of `unsloth-prep plan`."
     p.add_argument("--model", default=None, help="folder with config.json, a config.json path, a built-in name "
@@ -640,6 +640,10 @@ def plan_args(p):
     p.add_argument("--effective-batch", type=int, default=16, help="target per_device_batch x gradient_accumulation")
     p.add_argument("--optimizer", default="adamw_8bit", help="adamw_8bit or adamw_32bit")
     p.add_argument("--config", default=None, help="training config YAML (the `train` schema) to check")
+    p.add_argument("--task", default=None, choices=("sft", "pretrain", "dpo", "orpo", "kto"),
+                   help="what is trained (default: the config's task, else sft); dpo/orpo/kto add their extra memory")
+    p.add_argument("--reference", default=None, choices=("adapter", "model", "precomputed"),
+                   help="dpo/kto reference model (default: the config's, else the adapter switched off)")
 
 # %% ../nbs/06_oom.ipynb #149cf34c
 def _read_stats(path) -> dict:
@@ -705,7 +709,25 @@ def _plan_text(rec: dict) -> str:
     lines += [f"{s}: {json.dumps(rec[s])}" for s in ("from_pretrained", "get_peft_model", "sft_config")]
     return "\n".join(lines + [f"note: {n}" for n in rec["notes"]])
 
-# %% ../nbs/06_oom.ipynb #aa33c179
+# %% ../nbs/06_oom.ipynb #64f22a86
+def task_extras(rec: dict, model, task: str = "sft", reference: str = "adapter") -> dict:
+    "GiB a task adds to the SFT estimate `rec` (preference: second sequence + reference) and the merge's peak RAM."
+    from unsloth_prep.lifecycle import merge_peak_mb
+    arch = load_arch(model)
+    out = {"task": task, "merge_peak_gb": round(merge_peak_mb(arch.n_params, "bfloat16") / 1024, 2)}
+    if task in ("dpo", "orpo", "kto"):
+        from unsloth_prep.preference import SEQUENCES_PER_EXAMPLE, reference_memory_gb
+        items = rec["estimate"]["items_gb"]
+        per_seq = items["activations"] + items["backward_workspace"] + items["logits_loss"]
+        load = "4bit" if rec["from_pretrained"]["load_in_4bit"] else "16bit"
+        ref = 0.0 if task == "orpo" else reference_memory_gb(arch, reference, load)
+        extra = per_seq * (SEQUENCES_PER_EXAMPLE[task] - 1) + ref
+        out.update(reference=None if task == "orpo" else reference, extra_gb=round(extra, 3),
+                   estimated_gb=round(rec["estimated_gb"] + extra, 2),
+                   fits=rec["estimated_gb"] + extra <= rec["gpu"]["vram_gb"] * 0.92)
+    return out
+
+# %% ../nbs/06_oom.ipynb #461498aa
 def plan_main(args) -> dict:
     "Print the itemised estimate and recommended settings; with --config/--data/--tokenizer, the registry's findings."
     inp = _plan_inputs(args)
@@ -720,6 +742,10 @@ def plan_main(args) -> dict:
     st = ("p50", "p95", "p99", "max", "suggested_max_seq_length")
     out.update(gpu=rec["gpu"]["name"], items_gb=rec["estimate"]["items_gb"],
                stats={k: stats[k] for k in st if k in stats} if stats else None)
+    cfg = inp["cfg"] or {}
+    task, ref = args.task or cfg.get("task", "sft"), args.reference or cfg.get("reference", "adapter")
+    out["task_extras"] = task_extras(rec, inp["model"], task, ref)
+    print(f"task {task}: {json.dumps(out['task_extras'])}")
     if inp["cfg"] is not None or scan is not None or args.tokenizer:
         found = _plan_checks(args, inp["cfg"], scan, rec["from_pretrained"]["max_seq_length"])
         out.update(findings=[f.as_dict() for f in found], codes=[f.code for f in found],

@@ -495,7 +495,16 @@ def _report(trainer, ctx: dict, mem, result, window: list) -> dict:
         "seconds": round(mem.seconds, 3),
     }
 
-# %% ../nbs/07_training.ipynb #d6121b02
+# %% ../nbs/07_training.ipynb #c9d97133
+def _train_task(cfg: dict, train_dataset=None, return_trainer: bool = False) -> dict:
+    "Run a non-SFT task with its module's trainer and return its summary."
+    if cfg["task"] == "pretrain":
+        from unsloth_prep.pretrain import train_pretrain
+        return train_pretrain(cfg, train_dataset, return_trainer=return_trainer)
+    from unsloth_prep.preference import train_preference
+    return train_preference(cfg, cfg["task"], cfg["reference"])
+
+# %% ../nbs/07_training.ipynb #3f7fe48c
 SUMMARY_KEYS = ("first_loss", "final_loss", "final_eval_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
                 "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter", "resumed_from")
 
@@ -505,6 +514,8 @@ def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, ret
     "Train LoRA from a config (YAML path or dict), resuming from a checkpoint when asked ('latest' or a folder)."
     from unsloth_prep.memory import track
     cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
+    if cfg["task"] != "sft":
+        return _train_task(cfg, train_dataset, return_trainer)
     out = Path(cfg["output_dir"]).resolve()
     ckpt = resume_path(out / "checkpoints", resume)
     t0 = time.perf_counter()
@@ -587,7 +598,7 @@ def train_args(parser):
                              "'latest' starts at step 0 when there is none yet")
     return parser
 
-# %% ../nbs/07_training.ipynb #8028d663
+# %% ../nbs/07_training.ipynb #5d7606cf
 def train_main(args) -> dict:
     "Run `unsloth-prep train`: validate the config, train, print where the artefacts are, return the summary."
     import yaml
@@ -602,6 +613,9 @@ def train_main(args) -> dict:
     cfg = load_config(args.config, overrides)
     prerun_check(cfg)
     s = train(cfg, resume=args.resume)
+    if cfg["task"] != "sft":
+        print(f"{cfg['task']}: {s['steps']} steps, adapter: {s['adapter']}")
+        return s
     f = lambda x: "n/a" if x is None else f"{x:.3f}"
     if s["resumed_from"]:
         print(f"resumed from {s['resumed_from']}")
