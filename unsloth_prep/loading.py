@@ -866,7 +866,7 @@ def _short(x, n: int = 200):
     if isinstance(x, dict): return {k: _short(v, n) for k, v in x.items()}
     return x
 
-# %% ../nbs/02_loading.ipynb #0d9bbf90
+# %% ../nbs/02_loading.ipynb #76f02367
 def inspect_args(parser):
     "Arguments of `unsloth-prep inspect`."
     parser.add_argument("data", nargs="*", help="data files, folders, globs (JSONL, JSON array, CSV, Parquet, txt; "
@@ -881,6 +881,7 @@ def inspect_args(parser):
     parser.add_argument("--rejects", default=None, help="write malformed and invalid records to this JSONL file")
     return parser
 
+# %% ../nbs/02_loading.ipynb #01062d40
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     mapping = json.loads(args.mapping) if args.mapping else None
