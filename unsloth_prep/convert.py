@@ -237,7 +237,7 @@ def _has_wide_int(rec) -> bool:
         elif isinstance(v, list): todo += v
     return False
 
-# %% ../nbs/03_convert.ipynb #949acc62
+# %% ../nbs/03_convert.ipynb #e607eb08
 class ConvertState:
     "Running totals of one conversion: target schema, drift bookkeeping, counts and the rejects sink."
     def __init__(self, rejects_fh=None, strict: bool = False, src: str = "", unit: str = "line"):
@@ -246,12 +246,10 @@ class ConvertState:
         self.rejects_fh, self.strict, self.src, self.unit = rejects_fh, strict, src, unit
         self.first_rejects, self._popts, self._popts_for, self.pins = [], None, None, {}
         self._block = []
-
     def reject(self, line: int, error: str, raw):
         "Note one rejected line of the current block; `flush_rejects` records the block's rejects in line order."
         self.rejected += 1
         self._block.append((line, error, bytes(raw).rstrip(b"\r").decode("utf-8", "replace")))
-
     def flush_rejects(self):
         "Write the block's rejects to the rejects file by line number (in strict mode: raise for the first)."
         for line, error, text in sorted(self._block):
@@ -261,7 +259,6 @@ class ConvertState:
                 self.rejects_fh.write(orjson.dumps({"file": self.src, "line": line, "error": error,
                                                     "raw": text}) + b"\n")
         self._block = []
-
     def parse_options(self):
         """pyarrow ParseOptions pinning the settled fields of the current schema (null-typed and JSON-text fields stay
         inferred)."""
@@ -273,7 +270,6 @@ class ConvertState:
                                           unexpected_field_behavior="infer")
             self._popts_for = self.schema
         return self._popts
-
     def pin_strings(self, schema) -> bool:
         """Pin fields pyarrow inferred as timestamps to strings (a date stays the text it was); True when anything was
         pinned."""
@@ -281,7 +277,6 @@ class ConvertState:
         self.pins.update(new)
         self._popts = None if new else self._popts
         return bool(new)
-
     def absorb(self, table):
         "Widen the schema with a parsed block and return the block cast to it."
         new = merge_schema(self.schema, table.schema, self.text_fields)
@@ -372,7 +367,7 @@ def _dictionary_columns(table) -> list:
             cols.append(f.name)
     return cols
 
-# %% ../nbs/03_convert.ipynb #031b09fd
+# %% ../nbs/03_convert.ipynb #00c5e378
 class PartWriter:
     """Write tables as Parquet parts in `folder`: row groups of `row_group_rows`/`row_group_mb`, a new file per
     `rows_per_file` rows or schema change."""
@@ -381,14 +376,12 @@ class PartWriter:
         self.rg_rows, self.rg_bytes, self.release_every = row_group_rows, int(row_group_mb * MB), 4
         self.parts, self.w, self.schema, self.file_rows = [], None, None, 0
         self.buf, self.buf_rows, self.buf_bytes = [], 0, 0
-
     def _open(self, sample):
         opts = dict(self.wopts)
         if opts.get("use_dictionary") == "auto": opts["use_dictionary"] = _dictionary_columns(sample)
         path = self.folder / f"part-{len(self.parts):05d}.parquet"
         self.w, self.schema, self.file_rows = pq.ParquetWriter(path, sample.schema, **opts), sample.schema, 0
         self.parts.append([path, sample.schema, 0])
-
     def _flush(self, rows=None):
         "Write the buffer (or only its first `rows` rows, keeping the rest) as one row group."
         if not self.buf: return
@@ -403,12 +396,10 @@ class PartWriter:
         self.flushes = getattr(self, "flushes", 0) + 1
         if self.flushes % self.release_every == 0:
             pa.default_memory_pool().release_unused()   # freed pages back to the OS
-
     def _close(self):
         self._flush()
         if self.w is not None: self.w.close()
         self.w = None
-
     def write(self, table):
         "Append a table; a schema different from the previous table's starts a new part."
         if self.w is not None and not table.schema.equals(self.schema): self._close()
@@ -422,7 +413,6 @@ class PartWriter:
             while self.buf_rows >= self.rg_rows: self._flush(self.rg_rows)      # row groups of exactly rg_rows
             if self.buf_bytes >= self.rg_bytes: self._flush()
             if self.rows_per_file and self.file_rows + self.buf_rows >= self.rows_per_file: self._close()
-
     def close(self) -> list:
         "Finish the last part; return `[path, schema, rows]` of every part."
         self._close()
@@ -639,7 +629,7 @@ def readback_scan(path, mode: str = "mmap", cache_dir=None, column: str = "outpu
         chars += sum(len(x or "") for x in b[column])
     return {"rows": rows, "chars": chars}
 
-# %% ../nbs/03_convert.ipynb #814e068f
+# %% ../nbs/03_convert.ipynb #9c1324e2
 PEERS = {
     "pandas": """import pandas as pd
 df = pd.read_json(SRC, lines=not ARRAY)
@@ -661,6 +651,10 @@ result = {"rows": n}""",
 if ARRAY: pl.read_json(SRC).write_parquet(DST, compression="zstd", compression_level=LEVEL)
 else: pl.scan_ndjson(SRC).sink_parquet(DST, compression="zstd", compression_level=LEVEL)
 result = {"rows": pl.scan_parquet(DST).select(pl.len()).collect().item()}""",
+}
+
+# %% ../nbs/03_convert.ipynb #c579402e
+PEERS.update({
     "duckdb": """import duckdb
 con = duckdb.connect()
 opts = f"FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {LEVEL}"
@@ -691,8 +685,9 @@ result = {"rows": n}""",
     "ours": """from unsloth_prep.convert import convert
 r = convert(SRC, DST, progress=False, overwrite=True, compression_level=LEVEL, use_dictionary=DICT)
 result = {"rows": r["rows"], "rejected": r["rejected"], "blank": r["blank"]}""",
-}
+})
 
+# %% ../nbs/03_convert.ipynb #491b0eaa
 def peer_config(m: str, level: int = 3, dictionary=True) -> str:
     "How method `m` writes Parquet in `benchmark_converters`: codec, level, dictionary."
     own = m.startswith(("polars", "duckdb"))
