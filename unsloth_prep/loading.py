@@ -57,7 +57,7 @@ def atomic_path(dst):
     finally:
         if tmp.exists(): tmp.unlink()
 
-# %% ../nbs/02_loading.ipynb #967cbb89
+# %% ../nbs/02_loading.ipynb #82fb20ee
 class Rejects:
     "Malformed inputs met while reading: counted, the first `keep` kept in `items`, all written to `path` if given."
     def __init__(self, path=None, keep: int | None = 1000, items: list | None = None):
@@ -85,6 +85,7 @@ class Rejects:
     def __len__(self): return self.count
     def __repr__(self): return f"Rejects(count={self.count}, first_lines={self.lines[:10]})"
 
+# %% ../nbs/02_loading.ipynb #5e2cd9e7
 def as_rejects(rejects) -> Rejects | None:
     "Accept None, a `Rejects`, a list (appended to) or a path (rejects JSONL file)."
     if rejects is None or isinstance(rejects, Rejects): return rejects
@@ -412,7 +413,7 @@ def load_stream(data, split: str = "train", on_error: str = "raise", rejects=Non
         _gen_raw, gen_kwargs={"shards": shards, "on_error": on_error, "rejects": as_rejects(rejects)},
         split=datasets.NamedSplit(split))
 
-# %% ../nbs/02_loading.ipynb #ba237bc6
+# %% ../nbs/02_loading.ipynb #71f82e55
 FORMATS = ("alpaca", "sharegpt", "openai", "preference", "text")
 MEDIA = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
@@ -438,6 +439,7 @@ def _get(rec: dict, field: str, mapping: dict, fmt: str, required: bool = False,
         return default
     return val
 
+# %% ../nbs/02_loading.ipynb #38ea94c9
 def _text(x, what: str) -> str:
     "Coerce a content value to a string (None -> '', numbers -> str); lists/dicts are errors."
     if x is None: return ""
@@ -445,6 +447,7 @@ def _text(x, what: str) -> str:
     if isinstance(x, (int, float, bool)): return str(x)
     raise ValueError(f"{what} must be a string, got {type(x).__name__}: {str(x)[:60]!r}")
 
+# %% ../nbs/02_loading.ipynb #dad07366
 def _with_weight(msg: dict, src: dict, what: str) -> dict:
     "`msg` with the source message's `loss_weight` (0: masked, 1: trained) when it has one."
     w = src.get("loss_weight")
@@ -452,6 +455,7 @@ def _with_weight(msg: dict, src: dict, what: str) -> dict:
     if w not in (0, 1): raise ValueError(f"{what}.loss_weight must be 0 or 1, got {w!r}")
     return {**msg, "loss_weight": int(w)}
 
+# %% ../nbs/02_loading.ipynb #8b19cdeb
 def _json_text(x) -> str:
     "A tools/function-call value as JSON text (strings kept as they are)."
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
@@ -520,7 +524,7 @@ def _sharegpt_turns(turns, tags: dict, fmt: str, what: str = "conversations") ->
         msgs.append(_with_weight({"role": role, "content": content}, t, f"{what}[{i}]"))
     return msgs
 
-# %% ../nbs/02_loading.ipynb #db48e2ea
+# %% ../nbs/02_loading.ipynb #feb6f67e
 def _part_text(part, media: dict, i: int, fmt: str) -> str:
     "One typed content part -> its text, collecting media paths into `media`."
     if isinstance(part, str): return part
@@ -538,6 +542,7 @@ def _part_text(part, media: dict, i: int, fmt: str) -> str:
             return MEDIA[key]
     raise ValueError(f"{fmt} record: messages[{i}] has an unknown content part type {typ!r}")
 
+# %% ../nbs/02_loading.ipynb #bef9d8d0
 def _openai_msgs(msgs, fmt: str, media: dict) -> list:
     "OpenAI messages (string or typed-part content, tool_calls) -> messages."
     if not isinstance(msgs, list):
@@ -566,7 +571,7 @@ def _maybe_json(x):
         except ValueError: return x
     return x
 
-# %% ../nbs/02_loading.ipynb #25352fdc
+# %% ../nbs/02_loading.ipynb #66e876f1
 _HH = re.compile(r"\n\n(Human|Assistant): ")
 
 def _conversation(x, fmt: str, tags: dict, media: dict, what: str) -> list:
@@ -583,6 +588,7 @@ def _conversation(x, fmt: str, tags: dict, media: dict, what: str) -> list:
     if isinstance(x, list) and x and isinstance(x[0], dict): return _sharegpt_turns(x, tags, fmt, what)
     raise ValueError(f"{fmt} record: '{what}' must be a string or a list of messages, got {str(x)[:60]!r}")
 
+# %% ../nbs/02_loading.ipynb #005da101
 def _preference(rec, mapping, tags, media, fmt="preference"):
     "chosen/rejected in any common shape -> TRL {prompt, chosen, rejected}."
     chosen = _conversation(_get(rec, "chosen", mapping, fmt, required=True), fmt, tags, media, "chosen")
@@ -681,7 +687,7 @@ def detect_format(records: Iterable[dict], mapping: dict | None = None, n: int =
                          "(preference), text; pass fmt=... and mapping={canonical: column}")
     return votes.most_common(1)[0][0]
 
-# %% ../nbs/02_loading.ipynb #8b285c20
+# %% ../nbs/02_loading.ipynb #51b9339e
 def _peek(shards: list, n: int = 32) -> list:
     "The first `n` parseable records of some shards (malformed ones ignored here; the real pass reports them)."
     out = []
@@ -693,6 +699,7 @@ def _peek(shards: list, n: int = 32) -> list:
         except ValueError: pass  # a broken JSON array: the real pass raises with the location
     return out
 
+# %% ../nbs/02_loading.ipynb #4d0a92ed
 def _normalize_or_reject(rec, n, source, unit, fmt, mapping, on_error, rej):
     "Normalise one record; raise with its location, or count it in `rej` and return None."
     try: return normalize_record(rec, fmt, mapping)
@@ -700,6 +707,7 @@ def _normalize_or_reject(rec, n, source, unit, fmt, mapping, on_error, rej):
         if on_error == "raise": raise ValueError(f"{source}: {unit} {n}: {e}") from None
         rej.add(source, n, e, json.dumps(rec, ensure_ascii=False, default=str)[:500], unit)
 
+# %% ../nbs/02_loading.ipynb #eeeab3ae
 def _gen_conv(shards, fmt, mapping, on_error, rejects, warn):
     "Generator behind `load_conversations` for local files."
     rej = rejects if rejects is not None else Rejects()
