@@ -110,7 +110,7 @@ def _type_facts(schema) -> tuple:
         elif pa.types.is_list(t) or pa.types.is_large_list(t): todo.append((t.value_type, d + 1))
     return depth, floats
 
-# %% ../nbs/03_convert.ipynb #6bfabd78
+# %% ../nbs/03_convert.ipynb #6a22fdaa
 def merge_types(a, b):
     """Common type of two Arrow types under the drift rule, or None when they conflict (the field then becomes JSON
     text)."""
@@ -131,6 +131,7 @@ def merge_types(a, b):
         return None if m is None else pa.list_(m)
     return None
 
+# %% ../nbs/03_convert.ipynb #69be8729
 def merge_schema(schema, other, text_fields: set):
     """Widen `schema` with `other`'s fields; conflicting or too deeply nested ones become strings, named in
     `text_fields`."""
@@ -143,7 +144,7 @@ def merge_schema(schema, other, text_fields: set):
         fields[f.name] = m
     return pa.schema(list(fields.items()))
 
-# %% ../nbs/03_convert.ipynb #f66f2ab6
+# %% ../nbs/03_convert.ipynb #a74398a9
 def to_json_text(col):
     "A string column holding strings as they are and every other value as its JSON text; returns `(array, n_coerced)`."
     t = col.type
@@ -153,6 +154,7 @@ def to_json_text(col):
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t): return pc.cast(col, pa.string()), n
     return pa.array([None if v is None else _json_value_text(v) for v in col.to_pylist()], pa.string()), n
 
+# %% ../nbs/03_convert.ipynb #fd2b440f
 def conform(table, schema, text_fields: set, coerced: dict):
     """Cast `table` to `schema` (missing fields as nulls, conflicting fields as JSON text), counting coerced values
     per field in `coerced`."""
@@ -206,7 +208,7 @@ def table_from_dicts(rows: list, schema, text_fields: set, coerced: dict):
         arrays[k] = arr
     return pa.table(arrays) if arrays else pa.table({"_": pa.nulls(len(rows))}).drop_columns(["_"])
 
-# %% ../nbs/03_convert.ipynb #d55e7e96
+# %% ../nbs/03_convert.ipynb #04f023f9
 def _bad_utf8(blk, starts, ends) -> list:
     "Indices of the lines of `blk` that are not valid UTF-8 (one vectorised check for the common clean block)."
     offsets = pa.py_buffer(np.array([0, len(blk)], np.int64))
@@ -220,6 +222,7 @@ def _bad_utf8(blk, starts, ends) -> list:
         except UnicodeDecodeError: bad.append(i)
     return bad
 
+# %% ../nbs/03_convert.ipynb #5a948e73
 def _doubtful(table, blk) -> bool:
     "True when pyarrow's table of `blk` may hold what `read_line` rejects or rounds (deep, NaN, Infinity, wide ints)."
     depth, floats = _type_facts(table.schema)
@@ -451,7 +454,7 @@ class _ThreadedWriter:
         if self.error is not None: raise self.error
         return self.writer.close()
 
-# %% ../nbs/03_convert.ipynb #988efb56
+# %% ../nbs/03_convert.ipynb #bf0db604
 def _clean_stale(dst):
     "Remove `.DST.partial-PID` folders left by a killed run, only when that process is gone."
     for d in Path(dst).parent.glob(f".{Path(dst).name}.partial-*"):
@@ -461,11 +464,13 @@ def _clean_stale(dst):
         except ProcessLookupError: shutil.rmtree(d, ignore_errors=True)
         except PermissionError: pass                                  # alive, owned by someone else
 
+# %% ../nbs/03_convert.ipynb #994c0d25
 def default_rejects_path(dst) -> Path:
     "Rejects file next to the output: `out.parquet` -> `out.rejects.jsonl`, `out_dir` -> `out_dir.rejects.jsonl`."
     dst = Path(dst)
     return dst.with_suffix(".rejects.jsonl") if dst.suffix == ".parquet" else dst.parent / (dst.name + ".rejects.jsonl")
 
+# %% ../nbs/03_convert.ipynb #7d8290d7
 def _rewrite(parts, st, writer) -> list:
     "Second pass after schema drift: stream every part written so far through `conform` into `writer`."
     for path, _, _ in parts:
@@ -565,7 +570,7 @@ def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | N
         shutil.rmtree(tmp, ignore_errors=True)
     return _summary(st, time.perf_counter() - t0, size, fmt, dst, files, rejects)
 
-# %% ../nbs/03_convert.ipynb #b6db3a01
+# %% ../nbs/03_convert.ipynb #d591bf1e
 def convert_args(p):
     "Arguments of `unsloth-prep convert`."
     p.add_argument("src", help="JSONL (optionally .gz/.bz2/.xz/.zst) or JSON array file")
@@ -582,6 +587,7 @@ def convert_args(p):
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--no-progress", action="store_true")
 
+# %% ../nbs/03_convert.ipynb #4916d4d0
 def convert_main(args) -> dict:
     "Run `unsloth-prep convert`: print a short report and return the summary."
     r = convert(args.src, args.dst, rejects=args.rejects, strict=args.strict, rows_per_file=args.rows_per_file,
