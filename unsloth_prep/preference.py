@@ -35,7 +35,7 @@ def detect_task(rec: dict, mapping: dict | None = None) -> str | None:
     if m.get("chosen", "chosen") in rec and m.get("rejected", "rejected") in rec: return "dpo"
     return None
 
-# %% ../nbs/04c_preference.ipynb #c1ac17e5
+# %% ../nbs/04c_preference.ipynb #56994ac2
 def _kto_label(rec: dict, name: str, where: str) -> bool:
     "The boolean label of a KTO record; ValueError naming the field otherwise."
     if name not in rec: raise ValueError(f"{where}: missing field '{name}' (keys: {sorted(rec)[:8]})")
@@ -44,6 +44,7 @@ def _kto_label(rec: dict, name: str, where: str) -> bool:
         raise ValueError(f"{where}: field '{name}' must be a boolean (true/false), got {value!r}")
     return value
 
+# %% ../nbs/04c_preference.ipynb #c6e88e3b
 def _kto_example(rec: dict, mapping: dict | None, where: str) -> dict:
     "TRL's `{prompt, completion, label}` or a LLaMA-Factory conversation + `kto_tag` -> `{prompt, completion, label}`."
     m = dict(mapping or {})
@@ -66,7 +67,7 @@ def as_example(rec: dict, task: str = "dpo", mapping: dict | None = None, where:
     ex = loading.normalize_record(rec, "preference", mapping, where)
     return {k: ex[k] for k in ("prompt", "chosen", "rejected")}
 
-# %% ../nbs/04c_preference.ipynb #054a5166
+# %% ../nbs/04c_preference.ipynb #a33cd2f1
 def _raw_records(data) -> Iterator[tuple[tuple, dict]]:
     "`((source, unit, n), record)`: file and line (or element/row) for files/globs/folders, 'row' for a list."
     if isinstance(data, (list, tuple)):
@@ -77,6 +78,7 @@ def _raw_records(data) -> Iterator[tuple[tuple, dict]]:
         for n, rec in loading.iter_file(path):
             yield (path, unit, n), rec
 
+# %% ../nbs/04c_preference.ipynb #2b785b88
 def _where(place: tuple) -> str:
     "'file: line N' of a `(source, unit, n)` place."
     return f"{place[0]}: {place[1]} {place[2]}"
@@ -141,11 +143,12 @@ class PairCounts:
         self.dropped += 1
         self.reasons[reason] += 1
 
-# %% ../nbs/04c_preference.ipynb #3c38000a
+# %% ../nbs/04c_preference.ipynb #570d600f
 def _response_keys(example: dict) -> tuple:
     "The answer fields of an example: ('completion',) for KTO, ('chosen', 'rejected') for a pair."
     return ("completion",) if "completion" in example else ("chosen", "rejected")
 
+# %% ../nbs/04c_preference.ipynb #5426c917
 def _content_span(full: str, start: int, content: str, where: str) -> tuple[int, int]:
     "`(start, end)` of an answer's content in the rendered text (templates that trim it are found trimmed)."
     if full.startswith(content, start): return start, start + len(content)
@@ -325,13 +328,14 @@ def verify_pairs(rows: Iterable[dict], examples: Iterable, pt: PairTokenizer, ke
             if len(shown) < keep: shown.append({"where": where, "kind": kind, "side": side})
     return {"rows": n, "ok": not problems, "problems": dict(problems), "examples": shown}
 
-# %% ../nbs/04c_preference.ipynb #b9e8f225
+# %% ../nbs/04c_preference.ipynb #38d1500f
 def _pa_table(cols: dict):
     "A pyarrow table of token columns (list<int32>) and the KTO label (bool)."
     import pyarrow as pa
     types = {k: pa.bool_() if k == "label" else pa.list_(pa.int32()) for k in cols}
     return pa.table({k: pa.array(v, type=types[k]) for k, v in cols.items()})
 
+# %% ../nbs/04c_preference.ipynb #18f0cfea
 def task_columns(cols: dict, task: str) -> dict:
     "The columns of `task`'s trainer from the tokenized columns (ORPO's are rebuilt, DPO/KTO's pass through)."
     if not cols: return {k: [] for k in EMPTY_COLUMNS[task]}
@@ -408,13 +412,14 @@ def preference_main(args) -> dict:
         s["verified_rows"] = rep["rows"]
     return s
 
-# %% ../nbs/04c_preference.ipynb #0f38cef5
+# %% ../nbs/04c_preference.ipynb #f97c7eb3
 class _PreparedPairs:
     "DPO: a dataset that already holds `prompt_ids`/`chosen_ids`/`rejected_ids` skips TRL's tokenization."
     def _prepare_dataset(self, dataset, *args, **kwargs):
         if "prompt_ids" in (dataset.column_names or []): return dataset
         return super()._prepare_dataset(dataset, *args, **kwargs)
 
+# %% ../nbs/04c_preference.ipynb #9305e052
 class _PreparedKTO:
     "KTO: prepared `prompt_ids`/`completion_ids`/`label` pass; TRL's KL completions (rotated in each batch) are added."
     def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
@@ -426,12 +431,13 @@ class _PreparedKTO:
             return batch
         return dataset.map(add_kl, batched=True, batch_size=args.per_device_train_batch_size)
 
+# %% ../nbs/04c_preference.ipynb #47a0027c
 class _PreparedORPO:
     "ORPO: rows that already hold `chosen_input_ids`, labels, ... are not tokenized again."
     def tokenize_row(self, feature, model=None):
         return feature if "chosen_input_ids" in feature else super().tokenize_row(feature, model)
 
-# %% ../nbs/04c_preference.ipynb #e22619a1
+# %% ../nbs/04c_preference.ipynb #d8b2f1c8
 def preference_trainer_class(task: str):
     "TRL's trainer and config classes for `task`, the trainer subclassed to take the prepared columns as they are."
     import trl
@@ -443,6 +449,7 @@ def preference_trainer_class(task: str):
     else: raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     return type(f"Prepared{base.__name__}", (mixin, base), {}), conf
 
+# %% ../nbs/04c_preference.ipynb #76908245
 def patch_unsloth(task: str) -> str:
     "Apply Unsloth's preference-trainer patch where the installed Unsloth exports it; say what was done."
     import unsloth
@@ -464,7 +471,7 @@ class PreferenceProbe:
         if len(self.kept) < self.keep: self.kept.append((features, {k: v for k, v in batch.items()}))
         return batch
 
-# %% ../nbs/04c_preference.ipynb #b3e1ac53
+# %% ../nbs/04c_preference.ipynb #5d2cb2ad
 def batch_sequences(task: str, batch: dict) -> list:
     "`(prompt + answer ids, answer ids)` of each sequence of a collated batch, padding removed."
     if task == "orpo":
@@ -477,6 +484,7 @@ def batch_sequences(task: str, batch: dict) -> list:
             out.append((tuple(ids[i][mask[i].bool()].tolist()), tuple(ids[i][trained[i].bool()].tolist())))
     return out
 
+# %% ../nbs/04c_preference.ipynb #42759a0a
 def prepared_sequences(rows: Iterable[dict], task: str) -> set:
     "The `(prompt + answer ids, answer ids)` sequences that prepared rows must give."
     out = set()
@@ -568,7 +576,7 @@ def train_preference(config, task: str | None = None, ref: str = "adapter", keep
             "model": type(trainer.model).__name__, "adapter": str(out),
             "setup_seconds": round(t1 - t0, 2), "train_seconds": round(time.perf_counter() - t1, 2)}
 
-# %% ../nbs/04c_preference.ipynb #3815a532
+# %% ../nbs/04c_preference.ipynb #3e44379c
 def _text(msgs) -> str:
     "The content of a list of messages, stripped."
     return "\n".join(m["content"] for m in msgs).strip()
@@ -584,19 +592,21 @@ def _answer_problems(ex: dict) -> list:
     if u and any(a == u or (len(u) >= 20 and u in a) for a in answers): out.append("response_repeats_prompt")
     return out
 
+# %% ../nbs/04c_preference.ipynb #15cd27a0
 def _prompt_mismatch(rec: dict) -> bool:
     "A pair given as two whole conversations whose turns before the answer differ."
     c, r = rec.get("chosen"), rec.get("rejected")
     return ("prompt" not in rec and isinstance(c, list) and isinstance(r, list) and len(c) > 1 and len(r) > 1
             and c[:-1] != r[:-1])
 
-# %% ../nbs/04c_preference.ipynb #360e9ad0
+# %% ../nbs/04c_preference.ipynb #4941123b
 def _examples_of(rec: dict, task: str, mapping) -> list:
     "The examples one record gives for `task` (a pair gives two for KTO)."
     t = task if task != "auto" else (detect_task(rec, mapping) or "dpo")
     if t == "kto" and detect_task(rec, mapping) == "dpo": return [ex for _, ex in _unpaired(rec, mapping, "record")]
     return [as_example(rec, t, mapping)]
 
+# %% ../nbs/04c_preference.ipynb #4937c202
 def _fit_codes(pt: PairTokenizer, exs: list, stats: SideStats) -> list:
     "'pair_truncated' / 'pair_dropped' for examples that `max_length` cuts or drops."
     out = []
@@ -606,6 +616,7 @@ def _fit_codes(pt: PairTokenizer, exs: list, stats: SideStats) -> list:
         if how: out.append("pair_dropped" if fitted is None else "pair_truncated")
     return out
 
+# %% ../nbs/04c_preference.ipynb #e629a7d2
 def _record_codes(rec: dict, task: str, mapping, pt, stats) -> list:
     "Codes of every problem of one raw record."
     if _prompt_mismatch(rec): return ["prompt_mismatch"]
@@ -631,7 +642,7 @@ def scan_preference(data, tokenizer=None, max_length: int | None = None, max_pro
     lengths = stats.summary(max_length=max_length) if stats.sides else None
     return {"records": n, "found": found, "max_length": max_length, "lengths": lengths}
 
-# %% ../nbs/04c_preference.ipynb #adc0ba2d
+# %% ../nbs/04c_preference.ipynb #94cbc23b
 def _found(ctx: Context, code: str, fix: str | None = None):
     "A hit for `code` from the preference scan in `ctx`: count, first places, and the fix."
     s = ctx.info.get("preference")
@@ -641,6 +652,7 @@ def _found(ctx: Context, code: str, fix: str | None = None):
     return hit(f"{f['n']} of {s['records']} records: {'; '.join(f['where'])}{more}", where=f["where"][0], n=f["n"],
                fix=fix)
 
+# %% ../nbs/04c_preference.ipynb #7c863ef6
 def _length_fix(ctx: Context) -> str | None:
     "The suggested `max_length` from the scan's percentiles, as a fix."
     L = (ctx.info.get("preference") or {}).get("lengths")
