@@ -171,12 +171,13 @@ def conform(table, schema, text_fields: set, coerced: dict):
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=schema)
 
-# %% ../nbs/03_convert.ipynb #18bc50b1
+# %% ../nbs/03_convert.ipynb #a546dd49
 def _json_value_text(v) -> str:
     "JSON text of a value; integers beyond 64 bits (which orjson refuses) stay exact."
     try: return orjson.dumps(v).decode()
     except TypeError: return json.dumps(v, ensure_ascii=False)
 
+# %% ../nbs/03_convert.ipynb #149e0a71
 def _infer_array(vals):
     "Arrow array of Python values, or None when they conflict or an integer needs more than 64 bits (kept as text)."
     kinds = {type(v) for v in vals if v is not None}
@@ -288,7 +289,7 @@ class ConvertState:
         self.rows += t.num_rows
         return t
 
-# %% ../nbs/03_convert.ipynb #455a7ca4
+# %% ../nbs/03_convert.ipynb #ae1f1c47
 def _ts_to_string(t):
     "The type `t` with every timestamp inside it replaced by string."
     if pa.types.is_timestamp(t): return pa.string()
@@ -296,6 +297,7 @@ def _ts_to_string(t):
     if pa.types.is_list(t): return pa.list_(_ts_to_string(t.value_type))
     return t
 
+# %% ../nbs/03_convert.ipynb #477d81cb
 def _read_fast(data, st: ConvertState):
     "pyarrow's JSON reader on bytes known to hold one JSON object per non-blank line (never a `null` line)."
     ro = pj.ReadOptions(block_size=len(data) + 64, use_threads=False)
@@ -601,7 +603,7 @@ def convert_main(args) -> dict:
     if r["coerced"]: print(f"values stored as JSON text because their type changed: {r['coerced']}")
     return r
 
-# %% ../nbs/03_convert.ipynb #ef03aa0b
+# %% ../nbs/03_convert.ipynb #7ea0fce1
 def parquet_files(path) -> list:
     "The Parquet files of a converted output: the file itself, or the sorted parts of a folder."
     path = Path(path)
@@ -613,6 +615,7 @@ def load_parquet(path, streaming: bool = False, cache_dir=None):
     return load_dataset("parquet", data_files=parquet_files(path), split="train", streaming=streaming,
                         cache_dir=cache_dir)
 
+# %% ../nbs/03_convert.ipynb #e860ee69
 def readback_scan(path, mode: str = "mmap", cache_dir=None, column: str = "output") -> dict:
     """Touch every value of one column, reading with `mode` 'mmap' (Dataset), 'stream' (IterableDataset), 'arrow'
     (pyarrow batches) or 'table' (all in RAM)."""
@@ -699,13 +702,14 @@ def peer_config(m: str, level: int = 3, dictionary=True) -> str:
     own = m.startswith(("polars", "duckdb"))
     return f"zstd level {level}, dictionary " + (f"chosen by {m.split()[0]} (no option)" if own else str(dictionary))
 
-# %% ../nbs/03_convert.ipynb #48c6fea4
+# %% ../nbs/03_convert.ipynb #f6ac54d8
 def _last_error(msg: str) -> str:
     "The exception line of an error message (the last line naming an Error or Exception), for a table cell."
     lines = [l.strip() for l in str(msg).strip().splitlines() if l.strip()]
     named = [l for l in lines if re.match(r"^[\w.]*(Error|Exception)\b", l)]
     return ((named or lines or [str(msg)])[-1])[:140]
 
+# %% ../nbs/03_convert.ipynb #30242ed2
 def _verdict(res: dict, good: int | None, bad: int) -> str:
     "What a method did with the malformed lines, from its outcome and row count."
     if res["status"] != "ok": return res["status"]
@@ -763,7 +767,7 @@ def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0
         out.append(res)
     return out
 
-# %% ../nbs/03_convert.ipynb #ddbdf258
+# %% ../nbs/03_convert.ipynb #02277877
 def format_table(rows: list) -> str:
     "A markdown table of `benchmark_converters` results, with how each method was configured."
     f = lambda v, p="{:.1f}": "-" if v is None else p.format(v)
@@ -776,6 +780,7 @@ def format_table(rows: list) -> str:
                      f"{r.get('config', '-')} |")
     return "\n".join(lines)
 
+# %% ../nbs/03_convert.ipynb #2ef24564
 def plot_benchmark(rows: list, title: str = ""):
     "Bars of seconds and peak RSS per method (failed methods are left empty)."
     import matplotlib.pyplot as plt
