@@ -119,10 +119,11 @@ def read_line(raw) -> tuple:
     try: return "ok", parse_json_line(raw)
     except ValueError as e: return "reject", str(e)
 
-# %% ../nbs/02_loading.ipynb #a4f680cc
+# %% ../nbs/02_loading.ipynb #20a7c594
 def _check_on_error(on_error):
     if on_error not in ("raise", "skip"): raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
 
+# %% ../nbs/02_loading.ipynb #b33a7f46
 def _records(path, numbered, on_error="raise", rejects=None, unit="line") -> Iterator[tuple[int, dict]]:
     "`(n, record)` for each record among the `(n, raw)` of `numbered`; a rejected one raises or goes to `rejects`."
     _check_on_error(on_error)
@@ -268,7 +269,7 @@ def _array_elements(path, block_bytes):
             n += 1
             yield n, raw
 
-# %% ../nbs/02_loading.ipynb #21c7df3c
+# %% ../nbs/02_loading.ipynb #cb4eb8d4
 def iter_csv(path, delimiter: str = ",", on_error: str = "raise", rejects=None) -> Iterator[tuple[int, dict]]:
     "Yield `(line_no, row_dict)` from a CSV/TSV file with a header row; rows with extra fields are malformed."
     _check_on_error(on_error)
@@ -283,6 +284,7 @@ def iter_csv(path, delimiter: str = ",", on_error: str = "raise", rejects=None) 
                 continue
             yield reader.line_num, row
 
+# %% ../nbs/02_loading.ipynb #f868fb84
 def iter_parquet(path, batch_size: int = 1024, columns: list | None = None) -> Iterator[tuple[int, dict]]:
     "Yield `(row_index, record)` from a Parquet file, one record batch at a time."
     import pyarrow.parquet as pq
@@ -293,6 +295,7 @@ def iter_parquet(path, batch_size: int = 1024, columns: list | None = None) -> I
                 yield i, rec
                 i += 1
 
+# %% ../nbs/02_loading.ipynb #ca6d2b51
 def iter_text(path) -> Iterator[tuple[int, dict]]:
     "Yield `(line_no, {'text': line})` for every non-blank line of a text file."
     with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
@@ -300,7 +303,7 @@ def iter_text(path) -> Iterator[tuple[int, dict]]:
             line = line.rstrip("\r\n")
             if line.strip(): yield n, {"text": line}
 
-# %% ../nbs/02_loading.ipynb #c690da54
+# %% ../nbs/02_loading.ipynb #40e9a697
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
                  ".parquet": "parquet", ".pq": "parquet", ".txt": "text"}
 UNIT = {"jsonl": "line", "json_array": "element", "csv": "line", "tsv": "line", "parquet": "row", "text": "line"}
@@ -328,6 +331,7 @@ def file_kind(path) -> str:
     if kind not in ("json", "jsonl"): return kind
     return "json_array" if _first_byte(path) == b"[" else "jsonl"
 
+# %% ../nbs/02_loading.ipynb #60086f56
 def resolve_files(data) -> list[str]:
     "Expand a path, directory, glob or list of them into data files (sorted per item); FileNotFoundError if none."
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
@@ -388,7 +392,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 
-# %% ../nbs/02_loading.ipynb #f9cc75b7
+# %% ../nbs/02_loading.ipynb #73420f59
 _HUB_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def is_hub_name(data) -> bool:
@@ -396,6 +400,7 @@ def is_hub_name(data) -> bool:
     if not isinstance(data, str) or os.path.exists(data) or any(c in data for c in "*?[") : return False
     return bool(_HUB_RE.match(data)) and _base_suffix(data) not in DATA_SUFFIXES
 
+# %% ../nbs/02_loading.ipynb #506b9885
 def _gen_raw(shards, on_error, rejects):
     "Generator behind `load_stream`: the raw records of some shards."
     for spec in shards:
@@ -460,7 +465,7 @@ def _json_text(x) -> str:
     "A tools/function-call value as JSON text (strings kept as they are)."
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
 
-# %% ../nbs/02_loading.ipynb #460aa01e
+# %% ../nbs/02_loading.ipynb #b44f16de
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     "Copy media path lists and check each has as many placeholders in the messages as paths."
     msgs = out["messages"]
@@ -480,6 +485,7 @@ def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
         out[key] = [str(p) for p in paths]
     return out
 
+# %% ../nbs/02_loading.ipynb #9d96cb4a
 def _alpaca(rec, mapping, fmt="alpaca"):
     "Alpaca instruction/input/output (+system, history) -> messages."
     msgs = []
@@ -658,7 +664,7 @@ def normalize_record(rec: dict, fmt: str, mapping: dict | None = None, where: st
     except ValueError as e:
         raise ValueError(f"{where}: {e}" if where else str(e)) from None
 
-# %% ../nbs/02_loading.ipynb #47be920a
+# %% ../nbs/02_loading.ipynb #0f26a379
 def _format_of(rec: dict, mapping: dict | None = None) -> str | None:
     "The format one record looks like, or None."
     m = mapping or {}
@@ -673,6 +679,7 @@ def _format_of(rec: dict, mapping: dict | None = None) -> str | None:
     if has("text"): return "text"
     return None
 
+# %% ../nbs/02_loading.ipynb #c9284919
 def detect_format(records: Iterable[dict], mapping: dict | None = None, n: int = 32) -> str:
     "Most common format among the first `n` records; ValueError naming the columns if none fits."
     votes, cols = Counter(), Counter()
