@@ -110,7 +110,7 @@ def _type_facts(schema) -> tuple:
         elif pa.types.is_list(t) or pa.types.is_large_list(t): todo.append((t.value_type, d + 1))
     return depth, floats
 
-# %% ../nbs/03_convert.ipynb #6bfabd78
+# %% ../nbs/03_convert.ipynb #6a22fdaa
 def merge_types(a, b):
     """Common type of two Arrow types under the drift rule, or None when they conflict (the field then becomes JSON
     text)."""
@@ -131,6 +131,7 @@ def merge_types(a, b):
         return None if m is None else pa.list_(m)
     return None
 
+# %% ../nbs/03_convert.ipynb #69be8729
 def merge_schema(schema, other, text_fields: set):
     """Widen `schema` with `other`'s fields; conflicting or too deeply nested ones become strings, named in
     `text_fields`."""
@@ -143,7 +144,7 @@ def merge_schema(schema, other, text_fields: set):
         fields[f.name] = m
     return pa.schema(list(fields.items()))
 
-# %% ../nbs/03_convert.ipynb #f66f2ab6
+# %% ../nbs/03_convert.ipynb #a74398a9
 def to_json_text(col):
     "A string column holding strings as they are and every other value as its JSON text; returns `(array, n_coerced)`."
     t = col.type
@@ -153,6 +154,7 @@ def to_json_text(col):
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t): return pc.cast(col, pa.string()), n
     return pa.array([None if v is None else _json_value_text(v) for v in col.to_pylist()], pa.string()), n
 
+# %% ../nbs/03_convert.ipynb #fd2b440f
 def conform(table, schema, text_fields: set, coerced: dict):
     """Cast `table` to `schema` (missing fields as nulls, conflicting fields as JSON text), counting coerced values
     per field in `coerced`."""
@@ -169,12 +171,13 @@ def conform(table, schema, text_fields: set, coerced: dict):
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=schema)
 
-# %% ../nbs/03_convert.ipynb #18bc50b1
+# %% ../nbs/03_convert.ipynb #a546dd49
 def _json_value_text(v) -> str:
     "JSON text of a value; integers beyond 64 bits (which orjson refuses) stay exact."
     try: return orjson.dumps(v).decode()
     except TypeError: return json.dumps(v, ensure_ascii=False)
 
+# %% ../nbs/03_convert.ipynb #149e0a71
 def _infer_array(vals):
     "Arrow array of Python values, or None when they conflict or an integer needs more than 64 bits (kept as text)."
     kinds = {type(v) for v in vals if v is not None}
@@ -206,7 +209,7 @@ def table_from_dicts(rows: list, schema, text_fields: set, coerced: dict):
         arrays[k] = arr
     return pa.table(arrays) if arrays else pa.table({"_": pa.nulls(len(rows))}).drop_columns(["_"])
 
-# %% ../nbs/03_convert.ipynb #d55e7e96
+# %% ../nbs/03_convert.ipynb #04f023f9
 def _bad_utf8(blk, starts, ends) -> list:
     "Indices of the lines of `blk` that are not valid UTF-8 (one vectorised check for the common clean block)."
     offsets = pa.py_buffer(np.array([0, len(blk)], np.int64))
@@ -220,6 +223,7 @@ def _bad_utf8(blk, starts, ends) -> list:
         except UnicodeDecodeError: bad.append(i)
     return bad
 
+# %% ../nbs/03_convert.ipynb #5a948e73
 def _doubtful(table, blk) -> bool:
     "True when pyarrow's table of `blk` may hold what `read_line` rejects or rounds (deep, NaN, Infinity, wide ints)."
     depth, floats = _type_facts(table.schema)
@@ -237,7 +241,7 @@ def _has_wide_int(rec) -> bool:
         elif isinstance(v, list): todo += v
     return False
 
-# %% ../nbs/03_convert.ipynb #949acc62
+# %% ../nbs/03_convert.ipynb #e607eb08
 class ConvertState:
     "Running totals of one conversion: target schema, drift bookkeeping, counts and the rejects sink."
     def __init__(self, rejects_fh=None, strict: bool = False, src: str = "", unit: str = "line"):
@@ -246,12 +250,10 @@ class ConvertState:
         self.rejects_fh, self.strict, self.src, self.unit = rejects_fh, strict, src, unit
         self.first_rejects, self._popts, self._popts_for, self.pins = [], None, None, {}
         self._block = []
-
     def reject(self, line: int, error: str, raw):
         "Note one rejected line of the current block; `flush_rejects` records the block's rejects in line order."
         self.rejected += 1
         self._block.append((line, error, bytes(raw).rstrip(b"\r").decode("utf-8", "replace")))
-
     def flush_rejects(self):
         "Write the block's rejects to the rejects file by line number (in strict mode: raise for the first)."
         for line, error, text in sorted(self._block):
@@ -261,7 +263,6 @@ class ConvertState:
                 self.rejects_fh.write(orjson.dumps({"file": self.src, "line": line, "error": error,
                                                     "raw": text}) + b"\n")
         self._block = []
-
     def parse_options(self):
         """pyarrow ParseOptions pinning the settled fields of the current schema (null-typed and JSON-text fields stay
         inferred)."""
@@ -273,7 +274,6 @@ class ConvertState:
                                           unexpected_field_behavior="infer")
             self._popts_for = self.schema
         return self._popts
-
     def pin_strings(self, schema) -> bool:
         """Pin fields pyarrow inferred as timestamps to strings (a date stays the text it was); True when anything was
         pinned."""
@@ -281,7 +281,6 @@ class ConvertState:
         self.pins.update(new)
         self._popts = None if new else self._popts
         return bool(new)
-
     def absorb(self, table):
         "Widen the schema with a parsed block and return the block cast to it."
         new = merge_schema(self.schema, table.schema, self.text_fields)
@@ -290,7 +289,7 @@ class ConvertState:
         self.rows += t.num_rows
         return t
 
-# %% ../nbs/03_convert.ipynb #455a7ca4
+# %% ../nbs/03_convert.ipynb #ae1f1c47
 def _ts_to_string(t):
     "The type `t` with every timestamp inside it replaced by string."
     if pa.types.is_timestamp(t): return pa.string()
@@ -298,6 +297,7 @@ def _ts_to_string(t):
     if pa.types.is_list(t): return pa.list_(_ts_to_string(t.value_type))
     return t
 
+# %% ../nbs/03_convert.ipynb #477d81cb
 def _read_fast(data, st: ConvertState):
     "pyarrow's JSON reader on bytes known to hold one JSON object per non-blank line (never a `null` line)."
     ro = pj.ReadOptions(block_size=len(data) + 64, use_threads=False)
@@ -372,7 +372,7 @@ def _dictionary_columns(table) -> list:
             cols.append(f.name)
     return cols
 
-# %% ../nbs/03_convert.ipynb #031b09fd
+# %% ../nbs/03_convert.ipynb #00c5e378
 class PartWriter:
     """Write tables as Parquet parts in `folder`: row groups of `row_group_rows`/`row_group_mb`, a new file per
     `rows_per_file` rows or schema change."""
@@ -381,14 +381,12 @@ class PartWriter:
         self.rg_rows, self.rg_bytes, self.release_every = row_group_rows, int(row_group_mb * MB), 4
         self.parts, self.w, self.schema, self.file_rows = [], None, None, 0
         self.buf, self.buf_rows, self.buf_bytes = [], 0, 0
-
     def _open(self, sample):
         opts = dict(self.wopts)
         if opts.get("use_dictionary") == "auto": opts["use_dictionary"] = _dictionary_columns(sample)
         path = self.folder / f"part-{len(self.parts):05d}.parquet"
         self.w, self.schema, self.file_rows = pq.ParquetWriter(path, sample.schema, **opts), sample.schema, 0
         self.parts.append([path, sample.schema, 0])
-
     def _flush(self, rows=None):
         "Write the buffer (or only its first `rows` rows, keeping the rest) as one row group."
         if not self.buf: return
@@ -403,12 +401,10 @@ class PartWriter:
         self.flushes = getattr(self, "flushes", 0) + 1
         if self.flushes % self.release_every == 0:
             pa.default_memory_pool().release_unused()   # freed pages back to the OS
-
     def _close(self):
         self._flush()
         if self.w is not None: self.w.close()
         self.w = None
-
     def write(self, table):
         "Append a table; a schema different from the previous table's starts a new part."
         if self.w is not None and not table.schema.equals(self.schema): self._close()
@@ -422,7 +418,6 @@ class PartWriter:
             while self.buf_rows >= self.rg_rows: self._flush(self.rg_rows)      # row groups of exactly rg_rows
             if self.buf_bytes >= self.rg_bytes: self._flush()
             if self.rows_per_file and self.file_rows + self.buf_rows >= self.rows_per_file: self._close()
-
     def close(self) -> list:
         "Finish the last part; return `[path, schema, rows]` of every part."
         self._close()
@@ -461,7 +456,7 @@ class _ThreadedWriter:
         if self.error is not None: raise self.error
         return self.writer.close()
 
-# %% ../nbs/03_convert.ipynb #988efb56
+# %% ../nbs/03_convert.ipynb #bf0db604
 def _clean_stale(dst):
     "Remove `.DST.partial-PID` folders left by a killed run, only when that process is gone."
     for d in Path(dst).parent.glob(f".{Path(dst).name}.partial-*"):
@@ -471,11 +466,13 @@ def _clean_stale(dst):
         except ProcessLookupError: shutil.rmtree(d, ignore_errors=True)
         except PermissionError: pass                                  # alive, owned by someone else
 
+# %% ../nbs/03_convert.ipynb #994c0d25
 def default_rejects_path(dst) -> Path:
     "Rejects file next to the output: `out.parquet` -> `out.rejects.jsonl`, `out_dir` -> `out_dir.rejects.jsonl`."
     dst = Path(dst)
     return dst.with_suffix(".rejects.jsonl") if dst.suffix == ".parquet" else dst.parent / (dst.name + ".rejects.jsonl")
 
+# %% ../nbs/03_convert.ipynb #7d8290d7
 def _rewrite(parts, st, writer) -> list:
     "Second pass after schema drift: stream every part written so far through `conform` into `writer`."
     for path, _, _ in parts:
@@ -575,7 +572,7 @@ def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | N
         shutil.rmtree(tmp, ignore_errors=True)
     return _summary(st, time.perf_counter() - t0, size, fmt, dst, files, rejects)
 
-# %% ../nbs/03_convert.ipynb #b6db3a01
+# %% ../nbs/03_convert.ipynb #d591bf1e
 def convert_args(p):
     "Arguments of `unsloth-prep convert`."
     p.add_argument("src", help="JSONL (optionally .gz/.bz2/.xz/.zst) or JSON array file")
@@ -592,6 +589,7 @@ def convert_args(p):
     p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
     p.add_argument("--no-progress", action="store_true")
 
+# %% ../nbs/03_convert.ipynb #4916d4d0
 def convert_main(args) -> dict:
     "Run `unsloth-prep convert`: print a short report and return the summary."
     r = convert(args.src, args.dst, rejects=args.rejects, strict=args.strict, rows_per_file=args.rows_per_file,
@@ -605,7 +603,7 @@ def convert_main(args) -> dict:
     if r["coerced"]: print(f"values stored as JSON text because their type changed: {r['coerced']}")
     return r
 
-# %% ../nbs/03_convert.ipynb #ef03aa0b
+# %% ../nbs/03_convert.ipynb #7ea0fce1
 def parquet_files(path) -> list:
     "The Parquet files of a converted output: the file itself, or the sorted parts of a folder."
     path = Path(path)
@@ -617,6 +615,7 @@ def load_parquet(path, streaming: bool = False, cache_dir=None):
     return load_dataset("parquet", data_files=parquet_files(path), split="train", streaming=streaming,
                         cache_dir=cache_dir)
 
+# %% ../nbs/03_convert.ipynb #e860ee69
 def readback_scan(path, mode: str = "mmap", cache_dir=None, column: str = "output") -> dict:
     """Touch every value of one column, reading with `mode` 'mmap' (Dataset), 'stream' (IterableDataset), 'arrow'
     (pyarrow batches) or 'table' (all in RAM)."""
@@ -639,7 +638,7 @@ def readback_scan(path, mode: str = "mmap", cache_dir=None, column: str = "outpu
         chars += sum(len(x or "") for x in b[column])
     return {"rows": rows, "chars": chars}
 
-# %% ../nbs/03_convert.ipynb #814e068f
+# %% ../nbs/03_convert.ipynb #9c1324e2
 PEERS = {
     "pandas": """import pandas as pd
 df = pd.read_json(SRC, lines=not ARRAY)
@@ -661,6 +660,10 @@ result = {"rows": n}""",
 if ARRAY: pl.read_json(SRC).write_parquet(DST, compression="zstd", compression_level=LEVEL)
 else: pl.scan_ndjson(SRC).sink_parquet(DST, compression="zstd", compression_level=LEVEL)
 result = {"rows": pl.scan_parquet(DST).select(pl.len()).collect().item()}""",
+}
+
+# %% ../nbs/03_convert.ipynb #c579402e
+PEERS.update({
     "duckdb": """import duckdb
 con = duckdb.connect()
 opts = f"FORMAT parquet, COMPRESSION zstd, COMPRESSION_LEVEL {LEVEL}"
@@ -691,20 +694,22 @@ result = {"rows": n}""",
     "ours": """from unsloth_prep.convert import convert
 r = convert(SRC, DST, progress=False, overwrite=True, compression_level=LEVEL, use_dictionary=DICT)
 result = {"rows": r["rows"], "rejected": r["rejected"], "blank": r["blank"]}""",
-}
+})
 
+# %% ../nbs/03_convert.ipynb #491b0eaa
 def peer_config(m: str, level: int = 3, dictionary=True) -> str:
     "How method `m` writes Parquet in `benchmark_converters`: codec, level, dictionary."
     own = m.startswith(("polars", "duckdb"))
     return f"zstd level {level}, dictionary " + (f"chosen by {m.split()[0]} (no option)" if own else str(dictionary))
 
-# %% ../nbs/03_convert.ipynb #48c6fea4
+# %% ../nbs/03_convert.ipynb #f6ac54d8
 def _last_error(msg: str) -> str:
     "The exception line of an error message (the last line naming an Error or Exception), for a table cell."
     lines = [l.strip() for l in str(msg).strip().splitlines() if l.strip()]
     named = [l for l in lines if re.match(r"^[\w.]*(Error|Exception)\b", l)]
     return ((named or lines or [str(msg)])[-1])[:140]
 
+# %% ../nbs/03_convert.ipynb #30242ed2
 def _verdict(res: dict, good: int | None, bad: int) -> str:
     "What a method did with the malformed lines, from its outcome and row count."
     if res["status"] != "ok": return res["status"]
@@ -762,7 +767,7 @@ def benchmark_converters(src, workdir, methods=None, good_rows=None, bad_lines=0
         out.append(res)
     return out
 
-# %% ../nbs/03_convert.ipynb #ddbdf258
+# %% ../nbs/03_convert.ipynb #02277877
 def format_table(rows: list) -> str:
     "A markdown table of `benchmark_converters` results, with how each method was configured."
     f = lambda v, p="{:.1f}": "-" if v is None else p.format(v)
@@ -775,6 +780,7 @@ def format_table(rows: list) -> str:
                      f"{r.get('config', '-')} |")
     return "\n".join(lines)
 
+# %% ../nbs/03_convert.ipynb #2ef24564
 def plot_benchmark(rows: list, title: str = ""):
     "Bars of seconds and peak RSS per method (failed methods are left empty)."
     import matplotlib.pyplot as plt

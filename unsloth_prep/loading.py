@@ -57,7 +57,7 @@ def atomic_path(dst):
     finally:
         if tmp.exists(): tmp.unlink()
 
-# %% ../nbs/02_loading.ipynb #967cbb89
+# %% ../nbs/02_loading.ipynb #82fb20ee
 class Rejects:
     "Malformed inputs met while reading: counted, the first `keep` kept in `items`, all written to `path` if given."
     def __init__(self, path=None, keep: int | None = 1000, items: list | None = None):
@@ -85,6 +85,7 @@ class Rejects:
     def __len__(self): return self.count
     def __repr__(self): return f"Rejects(count={self.count}, first_lines={self.lines[:10]})"
 
+# %% ../nbs/02_loading.ipynb #5e2cd9e7
 def as_rejects(rejects) -> Rejects | None:
     "Accept None, a `Rejects`, a list (appended to) or a path (rejects JSONL file)."
     if rejects is None or isinstance(rejects, Rejects): return rejects
@@ -118,10 +119,11 @@ def read_line(raw) -> tuple:
     try: return "ok", parse_json_line(raw)
     except ValueError as e: return "reject", str(e)
 
-# %% ../nbs/02_loading.ipynb #a4f680cc
+# %% ../nbs/02_loading.ipynb #20a7c594
 def _check_on_error(on_error):
     if on_error not in ("raise", "skip"): raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
 
+# %% ../nbs/02_loading.ipynb #b33a7f46
 def _records(path, numbered, on_error="raise", rejects=None, unit="line") -> Iterator[tuple[int, dict]]:
     "`(n, record)` for each record among the `(n, raw)` of `numbered`; a rejected one raises or goes to `rejects`."
     _check_on_error(on_error)
@@ -267,7 +269,7 @@ def _array_elements(path, block_bytes):
             n += 1
             yield n, raw
 
-# %% ../nbs/02_loading.ipynb #21c7df3c
+# %% ../nbs/02_loading.ipynb #cb4eb8d4
 def iter_csv(path, delimiter: str = ",", on_error: str = "raise", rejects=None) -> Iterator[tuple[int, dict]]:
     "Yield `(line_no, row_dict)` from a CSV/TSV file with a header row; rows with extra fields are malformed."
     _check_on_error(on_error)
@@ -282,6 +284,7 @@ def iter_csv(path, delimiter: str = ",", on_error: str = "raise", rejects=None) 
                 continue
             yield reader.line_num, row
 
+# %% ../nbs/02_loading.ipynb #f868fb84
 def iter_parquet(path, batch_size: int = 1024, columns: list | None = None) -> Iterator[tuple[int, dict]]:
     "Yield `(row_index, record)` from a Parquet file, one record batch at a time."
     import pyarrow.parquet as pq
@@ -292,6 +295,7 @@ def iter_parquet(path, batch_size: int = 1024, columns: list | None = None) -> I
                 yield i, rec
                 i += 1
 
+# %% ../nbs/02_loading.ipynb #ca6d2b51
 def iter_text(path) -> Iterator[tuple[int, dict]]:
     "Yield `(line_no, {'text': line})` for every non-blank line of a text file."
     with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
@@ -299,7 +303,7 @@ def iter_text(path) -> Iterator[tuple[int, dict]]:
             line = line.rstrip("\r\n")
             if line.strip(): yield n, {"text": line}
 
-# %% ../nbs/02_loading.ipynb #c690da54
+# %% ../nbs/02_loading.ipynb #40e9a697
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
                  ".parquet": "parquet", ".pq": "parquet", ".txt": "text"}
 UNIT = {"jsonl": "line", "json_array": "element", "csv": "line", "tsv": "line", "parquet": "row", "text": "line"}
@@ -327,6 +331,7 @@ def file_kind(path) -> str:
     if kind not in ("json", "jsonl"): return kind
     return "json_array" if _first_byte(path) == b"[" else "jsonl"
 
+# %% ../nbs/02_loading.ipynb #60086f56
 def resolve_files(data) -> list[str]:
     "Expand a path, directory, glob or list of them into data files (sorted per item); FileNotFoundError if none."
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
@@ -387,7 +392,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 
-# %% ../nbs/02_loading.ipynb #f9cc75b7
+# %% ../nbs/02_loading.ipynb #73420f59
 _HUB_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def is_hub_name(data) -> bool:
@@ -395,6 +400,7 @@ def is_hub_name(data) -> bool:
     if not isinstance(data, str) or os.path.exists(data) or any(c in data for c in "*?[") : return False
     return bool(_HUB_RE.match(data)) and _base_suffix(data) not in DATA_SUFFIXES
 
+# %% ../nbs/02_loading.ipynb #506b9885
 def _gen_raw(shards, on_error, rejects):
     "Generator behind `load_stream`: the raw records of some shards."
     for spec in shards:
@@ -412,7 +418,7 @@ def load_stream(data, split: str = "train", on_error: str = "raise", rejects=Non
         _gen_raw, gen_kwargs={"shards": shards, "on_error": on_error, "rejects": as_rejects(rejects)},
         split=datasets.NamedSplit(split))
 
-# %% ../nbs/02_loading.ipynb #ba237bc6
+# %% ../nbs/02_loading.ipynb #71f82e55
 FORMATS = ("alpaca", "sharegpt", "openai", "preference", "text")
 MEDIA = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
@@ -438,6 +444,7 @@ def _get(rec: dict, field: str, mapping: dict, fmt: str, required: bool = False,
         return default
     return val
 
+# %% ../nbs/02_loading.ipynb #38ea94c9
 def _text(x, what: str) -> str:
     "Coerce a content value to a string (None -> '', numbers -> str); lists/dicts are errors."
     if x is None: return ""
@@ -445,6 +452,7 @@ def _text(x, what: str) -> str:
     if isinstance(x, (int, float, bool)): return str(x)
     raise ValueError(f"{what} must be a string, got {type(x).__name__}: {str(x)[:60]!r}")
 
+# %% ../nbs/02_loading.ipynb #dad07366
 def _with_weight(msg: dict, src: dict, what: str) -> dict:
     "`msg` with the source message's `loss_weight` (0: masked, 1: trained) when it has one."
     w = src.get("loss_weight")
@@ -452,11 +460,12 @@ def _with_weight(msg: dict, src: dict, what: str) -> dict:
     if w not in (0, 1): raise ValueError(f"{what}.loss_weight must be 0 or 1, got {w!r}")
     return {**msg, "loss_weight": int(w)}
 
+# %% ../nbs/02_loading.ipynb #8b19cdeb
 def _json_text(x) -> str:
     "A tools/function-call value as JSON text (strings kept as they are)."
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
 
-# %% ../nbs/02_loading.ipynb #460aa01e
+# %% ../nbs/02_loading.ipynb #b44f16de
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     "Copy media path lists and check each has as many placeholders in the messages as paths."
     msgs = out["messages"]
@@ -476,6 +485,7 @@ def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
         out[key] = [str(p) for p in paths]
     return out
 
+# %% ../nbs/02_loading.ipynb #9d96cb4a
 def _alpaca(rec, mapping, fmt="alpaca"):
     "Alpaca instruction/input/output (+system, history) -> messages."
     msgs = []
@@ -520,7 +530,7 @@ def _sharegpt_turns(turns, tags: dict, fmt: str, what: str = "conversations") ->
         msgs.append(_with_weight({"role": role, "content": content}, t, f"{what}[{i}]"))
     return msgs
 
-# %% ../nbs/02_loading.ipynb #db48e2ea
+# %% ../nbs/02_loading.ipynb #feb6f67e
 def _part_text(part, media: dict, i: int, fmt: str) -> str:
     "One typed content part -> its text, collecting media paths into `media`."
     if isinstance(part, str): return part
@@ -538,6 +548,7 @@ def _part_text(part, media: dict, i: int, fmt: str) -> str:
             return MEDIA[key]
     raise ValueError(f"{fmt} record: messages[{i}] has an unknown content part type {typ!r}")
 
+# %% ../nbs/02_loading.ipynb #bef9d8d0
 def _openai_msgs(msgs, fmt: str, media: dict) -> list:
     "OpenAI messages (string or typed-part content, tool_calls) -> messages."
     if not isinstance(msgs, list):
@@ -566,7 +577,7 @@ def _maybe_json(x):
         except ValueError: return x
     return x
 
-# %% ../nbs/02_loading.ipynb #25352fdc
+# %% ../nbs/02_loading.ipynb #66e876f1
 _HH = re.compile(r"\n\n(Human|Assistant): ")
 
 def _conversation(x, fmt: str, tags: dict, media: dict, what: str) -> list:
@@ -583,6 +594,7 @@ def _conversation(x, fmt: str, tags: dict, media: dict, what: str) -> list:
     if isinstance(x, list) and x and isinstance(x[0], dict): return _sharegpt_turns(x, tags, fmt, what)
     raise ValueError(f"{fmt} record: '{what}' must be a string or a list of messages, got {str(x)[:60]!r}")
 
+# %% ../nbs/02_loading.ipynb #005da101
 def _preference(rec, mapping, tags, media, fmt="preference"):
     "chosen/rejected in any common shape -> TRL {prompt, chosen, rejected}."
     chosen = _conversation(_get(rec, "chosen", mapping, fmt, required=True), fmt, tags, media, "chosen")
@@ -652,7 +664,7 @@ def normalize_record(rec: dict, fmt: str, mapping: dict | None = None, where: st
     except ValueError as e:
         raise ValueError(f"{where}: {e}" if where else str(e)) from None
 
-# %% ../nbs/02_loading.ipynb #47be920a
+# %% ../nbs/02_loading.ipynb #0f26a379
 def _format_of(rec: dict, mapping: dict | None = None) -> str | None:
     "The format one record looks like, or None."
     m = mapping or {}
@@ -667,6 +679,7 @@ def _format_of(rec: dict, mapping: dict | None = None) -> str | None:
     if has("text"): return "text"
     return None
 
+# %% ../nbs/02_loading.ipynb #c9284919
 def detect_format(records: Iterable[dict], mapping: dict | None = None, n: int = 32) -> str:
     "Most common format among the first `n` records; ValueError naming the columns if none fits."
     votes, cols = Counter(), Counter()
@@ -681,7 +694,7 @@ def detect_format(records: Iterable[dict], mapping: dict | None = None, n: int =
                          "(preference), text; pass fmt=... and mapping={canonical: column}")
     return votes.most_common(1)[0][0]
 
-# %% ../nbs/02_loading.ipynb #8b285c20
+# %% ../nbs/02_loading.ipynb #51b9339e
 def _peek(shards: list, n: int = 32) -> list:
     "The first `n` parseable records of some shards (malformed ones ignored here; the real pass reports them)."
     out = []
@@ -693,6 +706,7 @@ def _peek(shards: list, n: int = 32) -> list:
         except ValueError: pass  # a broken JSON array: the real pass raises with the location
     return out
 
+# %% ../nbs/02_loading.ipynb #4d0a92ed
 def _normalize_or_reject(rec, n, source, unit, fmt, mapping, on_error, rej):
     "Normalise one record; raise with its location, or count it in `rej` and return None."
     try: return normalize_record(rec, fmt, mapping)
@@ -700,6 +714,7 @@ def _normalize_or_reject(rec, n, source, unit, fmt, mapping, on_error, rej):
         if on_error == "raise": raise ValueError(f"{source}: {unit} {n}: {e}") from None
         rej.add(source, n, e, json.dumps(rec, ensure_ascii=False, default=str)[:500], unit)
 
+# %% ../nbs/02_loading.ipynb #eeeab3ae
 def _gen_conv(shards, fmt, mapping, on_error, rejects, warn):
     "Generator behind `load_conversations` for local files."
     rej = rejects if rejects is not None else Rejects()
@@ -866,7 +881,7 @@ def _short(x, n: int = 200):
     if isinstance(x, dict): return {k: _short(v, n) for k, v in x.items()}
     return x
 
-# %% ../nbs/02_loading.ipynb #0d9bbf90
+# %% ../nbs/02_loading.ipynb #76f02367
 def inspect_args(parser):
     "Arguments of `unsloth-prep inspect`."
     parser.add_argument("data", nargs="*", help="data files, folders, globs (JSONL, JSON array, CSV, Parquet, txt; "
@@ -881,6 +896,7 @@ def inspect_args(parser):
     parser.add_argument("--rejects", default=None, help="write malformed and invalid records to this JSONL file")
     return parser
 
+# %% ../nbs/02_loading.ipynb #01062d40
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     mapping = json.loads(args.mapping) if args.mapping else None

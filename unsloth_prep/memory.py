@@ -95,7 +95,7 @@ class _Sampler(threading.Thread):
         self.sample()
         return self.timeline
 
-# %% ../nbs/00_memory.ipynb #d4799940
+# %% ../nbs/00_memory.ipynb #560a9d6f
 @contextmanager
 def track(label: str = "", interval: float = 0.005):
     """Measure the block: sampled peak RSS of this process and its children, seconds, CUDA peak; fills the yielded
@@ -111,13 +111,14 @@ def track(label: str = "", interval: float = 0.005):
         res.peak_mb = max(mb for _, mb in res.timeline)
         res.cuda_peak_mb = cuda_peak_mb()
 
+# %% ../nbs/00_memory.ipynb #64f9d677
 def measure(fn: Callable, *args, label: str | None = None, **kwargs) -> MemResult:
     "Run `fn(*args, **kwargs)` in this process under `track`; the return value is kept in `.value`."
     with track(label or getattr(fn, "__name__", "fn")) as res:
         res.value = fn(*args, **kwargs)
     return res
 
-# %% ../nbs/00_memory.ipynb #dc1b42a2
+# %% ../nbs/00_memory.ipynb #4480644e
 def own_peak_mb() -> float:
     "This process's own RSS high-water mark in MB (VmHWM; unlike ru_maxrss it is not inherited across fork+exec)."
     try:
@@ -127,6 +128,7 @@ def own_peak_mb() -> float:
     except OSError: pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
+# %% ../nbs/00_memory.ipynb #631c470b
 def _child_main(conn, fn, args, kwargs, keep_result):
     "Entry point of the spawned child: report baseline, run fn, report result and own peak."
     cuda_reset_peak()
@@ -140,6 +142,7 @@ def _child_main(conn, fn, args, kwargs, keep_result):
     conn.send(("done", value if keep_result and err is None else None, err, peak, cuda_peak_mb()))
     conn.close()
 
+# %% ../nbs/00_memory.ipynb #24240487
 def isolated(fn: Callable, *args, label: str | None = None, keep_result: bool = False,
              interval: float = 0.005, **kwargs) -> MemResult:
     "Run an importable `fn(*args, **kwargs)` in a fresh spawned process and measure its peak RSS from outside."
@@ -214,12 +217,13 @@ def log_memory(tag: str = "", file=None) -> float:
     print(msg, file=file)
     return mb
 
-# %% ../nbs/00_memory.ipynb #bddb4081
+# %% ../nbs/00_memory.ipynb #d153a654
 def _figure(figsize=(6, 3)):
     "A small matplotlib figure for committed notebooks."
     import matplotlib.pyplot as plt
     return plt.subplots(figsize=figsize, dpi=80)
 
+# %% ../nbs/00_memory.ipynb #03dbc524
 def plot_peaks(results: list, title: str | None = None, figsize=(6, 3)):
     "Bar chart of peak RSS per technique (baseline shaded), annotated with seconds."
     fig, ax = _figure(figsize)
