@@ -177,7 +177,7 @@ def open_tokenizer(tokenizer, template: str | None = None):
     "A tokenizer from a folder (torch-free, no remote code) or an object, with Unsloth's template `template` if given."
     from unsloth_prep.tokenization import apply_template, load_tokenizer
     if isinstance(tokenizer, (str, os.PathLike)):
-        return load_tokenizer(tokenizer, template, require_template=False)  # torch-free; doctor reports a missing template
+        return load_tokenizer(tokenizer, template, require_template=False)  # doctor reports a missing template
     return apply_template(tokenizer, template) if template else tokenizer
 
 # %% ../nbs/08_doctor.ipynb #8e819390

@@ -75,7 +75,7 @@ def iter_records(n: int | None = None, fmt: str = "alpaca", seed: int = 0, huge_
         yield _shape(fmt, rng, *_turn_texts(rng, i, huge_every, empty_rate, lang))
         i += 1
 
-# %% ../nbs/01_fixtures.ipynb #7f0dce3d
+# %% ../nbs/01_fixtures.ipynb #142a75cb
 def _malformed(kind: str, good: str) -> str:
     "A broken line of the given kind, derived from a good JSON line."
     return {"truncated": good[: max(2, len(good) // 2)], "trailing": good + " xyz", "bare": "this is not json",
@@ -85,6 +85,7 @@ def _open_out(path: Path, gz: bool):
     "Text handle for writing, gzip-compressed when asked."
     return _gzip.open(path, "wt", encoding="utf-8") if gz else open(path, "w", encoding="utf-8")
 
+# %% ../nbs/01_fixtures.ipynb #5097d7ce
 def write_records(path, n: int | None = None, size_mb: float | None = None, fmt: str = "alpaca",
                   layout: str = "jsonl", malformed_rate: float = 0.0, seed: int = 0, huge_every: int = 0,
                   empty_rate: float = 0.0, blank_rate: float = 0.0, pretty: bool = False, gzip: bool = False,
@@ -132,7 +133,7 @@ def write_records(path, n: int | None = None, size_mb: float | None = None, fmt:
             info["bytes"] += 3
     return info
 
-# %% ../nbs/01_fixtures.ipynb #a49cea33
+# %% ../nbs/01_fixtures.ipynb #24a86759
 CHATML_TEMPLATE = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
                    "'<|im_end|>' + '\\n' }}"
                    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -143,6 +144,7 @@ SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|b
 TINY_SPEC = dict(vocab_size=4096, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, max_position_embeddings=32768, seed=0, version=1)
 
+# %% ../nbs/01_fixtures.ipynb #93800da5
 def _spec_hash(spec: dict) -> str:
     "Short hash naming a cached build."
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:10]

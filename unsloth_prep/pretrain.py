@@ -274,11 +274,12 @@ def pretrain_main(args) -> dict:
     if r["rejected"]: r["rejects"] = rejects
     return r
 
-# %% ../nbs/04b_pretrain.ipynb #778fb2f6
+# %% ../nbs/04b_pretrain.ipynb #75fff616
 PRETRAIN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "embed_tokens",
                     "lm_head"]
 PRETRAIN_TRAINER = dict(learning_rate=5e-5, embedding_learning_rate=5e-6, warmup_steps=0.1, lr_scheduler_type="cosine")
 
+# %% ../nbs/04b_pretrain.ipynb #50a84002
 def pretrain_trainer(model, tokenizer, dataset, cfg: dict | None = None):
     "Unsloth's `UnslothTrainer` on prepared blocks: packed collator, `embedding_learning_rate` for the embeddings."
     import dataclasses, torch

@@ -1030,7 +1030,7 @@ def prepare_args(p):
     scale_args(p)  # --workers, --engine, --no-progress
     split_args(p)  # --eval-fraction, --eval-size, --split-seed, --dedup
 
-# %% ../nbs/04_tokenization.ipynb #07195f9c
+# %% ../nbs/04_tokenization.ipynb #f96c63b4
 def _prepare_one(args, data, out: Path) -> dict:
     "Tokenize and mask `data` into `out` in this process (then pack it with `--pack`)."
     tok = load_tokenizer(args.tokenizer, args.template)
@@ -1050,7 +1050,7 @@ def _prepare_one(args, data, out: Path) -> dict:
     return s
 
 def prepare_main(args) -> dict:
-    "Tokenize and mask conversations into Parquet: one process, shards (`--workers`, `--engine`), or a train/eval split."
+    "Tokenize and mask conversations into Parquet: one process, shards (`--workers`), or a train/eval split."
     if args.pack and not args.max_seq_length:
         raise ValueError("prepare --pack needs --max-seq-length (the packed row length)")
     if args.eval_fraction is not None or args.eval_size is not None:
