@@ -53,7 +53,7 @@ def run(tmp_path_factory):
     (d / "train.yaml").write_text(yaml.safe_dump(cfg))
     code, s, err = _cli("train", d / "train.yaml")
     assert code == 0, err[-3000:]
-    prompt_ids = tok.apply_chat_template(CONV[:1], add_generation_prompt=True, return_dict=False)
+    prompt_ids = tok.apply_chat_template(CONV[:1], add_generation_prompt=True, tokenize=True)
     return {"dir": d, "model": model, "adapter": Path(s["adapter"]), "tok": tok, "ids": [prompt_ids]}
 
 
