@@ -1,5 +1,5 @@
 """The main job, as a user runs it: `unsloth-prep demo` in a fresh process, offline, end to end."""
-import json, subprocess
+import json, math, subprocess
 from pathlib import Path
 
 
@@ -25,3 +25,56 @@ def test_demo_end_to_end(tmp_path):
     assert 0 < merged["size_mb"] and isinstance(merged["generated"], str) and merged["generated"]
     assert report["merged"] == merged and "merged model:" in proc.stdout
     assert summary["seconds"] < 300, "the demo must stay under 5 minutes on this machine"
+
+
+def run_task_demo(tmp_path, task):
+    "Run `unsloth-prep demo --task TASK` in a fresh process; its JSON summary, report.json and stdout."
+    out = tmp_path / task
+    proc = subprocess.run(["unsloth-prep", "demo", "--task", task, "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(Path(summary["report"]).read_text())
+    assert summary["task"] == report["task"] == task and list(summary["stages"]) == list(report["stages"])
+    assert list(summary["stages"]) == ["generate", "tiny-model", "inspect", "doctor", "prepare", "plan", "train",
+                                       "export"]
+    # the doctor finds the planted problems (exit 1); every other stage succeeds
+    assert {n: s["exit_code"] for n, s in summary["stages"].items()} == {
+        n: 1 if n == "doctor" else 0 for n in summary["stages"]}
+    for name, stage in report["stages"].items():
+        assert stage["peak_rss_mb"] > 0 and (out / "logs" / f"{name}.log").exists(), name
+    assert Path(summary["report"]).with_suffix(".png").stat().st_size > 5000
+    # trained the requested steps (the task's default), finite losses, a merged model plain transformers loaded
+    assert summary["steps"] == report["stages"]["train"]["summary"]["steps"] == 12
+    assert summary["losses"] == report["losses"] and all(math.isfinite(x) for x in summary["losses"])
+    assert Path(summary["artefacts"]["adapter"]).exists()
+    merged = summary["merged"]
+    assert (Path(merged["folder"]) / "model.safetensors").exists() and merged["size_mb"] > 0 and merged["generated"]
+    return summary, report
+
+
+def test_demo_dpo(tmp_path):
+    summary, report = run_task_demo(tmp_path, "dpo")
+    stages = report["stages"]
+    planted = stages["generate"]["summary"]["defects"]
+    found = {f["code"]: f["count"] for f in stages["doctor"]["summary"]["findings"]}
+    # every planted pair defect is named by the doctor, with its count
+    assert found["chosen_equals_rejected"] == len(planted["identical"]) > 0
+    assert found["preference_empty_response"] == len(planted["empty_response"]) > 0
+    assert found["response_repeats_prompt"] == len(planted["repeats_prompt"]) > 0
+    prep = stages["prepare"]["summary"]
+    assert prep["task"] == "dpo" and prep["rows"] > 0 and prep["rows"] + prep["dropped"] == prep["examples"] == 200
+    assert len(summary["losses"]) == 12 and Path(summary["artefacts"]["prepared"]).exists()
+    assert stages["train"]["summary"]["batches"]["exact"], "the trainer must read the prepared token ids as they are"
+
+
+def test_demo_pretrain(tmp_path):
+    summary, report = run_task_demo(tmp_path, "pretrain")
+    stages = report["stages"]
+    gen, prep = stages["generate"]["summary"], stages["prepare"]["summary"]
+    # blocks were written; the malformed line was skipped into the rejects file, not lost
+    assert prep["blocks"] > 0 and prep["block_size"] == 128 and Path(summary["artefacts"]["blocks"]).exists()
+    assert prep["rejected_lines"] == gen["malformed_lines"] and len(gen["malformed_lines"]) > 0
+    assert Path(summary["artefacts"]["rejects"]).exists()
+    assert summary["first_loss"] == summary["losses"][0] and summary["final_loss"] == summary["losses"][-1]
+    assert report["loss_steps"] == [1, 12]

@@ -8,9 +8,10 @@ import json, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CLI', 'run_stage', 'plot_stages', 'write_demo_report', 'train_config', 'demo_args', 'demo_main', 'run_demo']
+__all__ = ['CLI', 'TASK_TRAINING', 'DEMO_TASKS', 'run_stage', 'plot_stages', 'write_demo_report', 'train_config', 'demo_args',
+           'demo_main', 'run_demo']
 
-# %% ../nbs/09_demo.ipynb #641a8929
+# %% ../nbs/09_demo.ipynb #f7498edb
 # the `unsloth-prep` entry point, with `export` registered where the command table does not list it yet
 CLI = [sys.executable, "-c", "import sys; from unsloth_prep import cli; cli.COMMANDS.setdefault('export', "
        "('unsloth_prep.lifecycle', 'merge a LoRA run into its base model')); sys.exit(cli.main())"]
@@ -30,13 +31,14 @@ def run_stage(name: str, argv: list, out_dir: Path, ok_codes=(0,)) -> dict:
         raise RuntimeError(f"demo stage {name!r} failed (exit {proc.returncode}); log {log}:\n{tail}")
     summary = json.loads(lines[-1])
     summary["wall_seconds"] = round(time.perf_counter() - t0, 2)
+    summary["exit_code"] = proc.returncode
     secs, peak = summary.get("seconds", 0), summary.get("peak_rss_mb", 0)
     print(f"  {name:<11} {secs:>7.1f} s  peak {peak:>7.0f} MB   log: {log}")
     return summary
 
-# %% ../nbs/09_demo.ipynb #12853341
-def plot_stages(stages: dict, losses: list | None = None):
-    "Figure of peak RSS per stage (and the loss curve when there is one)."
+# %% ../nbs/09_demo.ipynb #c0814963
+def plot_stages(stages: dict, losses: list | None = None, steps: list | None = None):
+    "Figure of peak RSS per stage (and the loss curve, at `steps` or 1, 2, ..., when there is one)."
     from matplotlib.figure import Figure  # no pyplot: works headless and leaves a notebook's backend alone
     ncols = 2 if losses else 1
     fig = Figure(figsize=(6 * ncols, 3), dpi=80)
@@ -53,26 +55,33 @@ def plot_stages(stages: dict, losses: list | None = None):
     ax.set_title("Peak memory per stage (fresh process each)")
     ax.tick_params(axis="x", labelsize=7, rotation=20)
     if losses:
-        axes[0][1].plot(range(1, len(losses) + 1), losses, marker=".")
+        axes[0][1].plot(steps or range(1, len(losses) + 1), losses, marker=".")
         axes[0][1].set_xlabel("logged step")
         axes[0][1].set_ylabel("loss")
         axes[0][1].set_title("Training loss")
     fig.tight_layout()
     return fig
 
-# %% ../nbs/09_demo.ipynb #31a82aed
+# %% ../nbs/09_demo.ipynb #8587701b
 def write_demo_report(out_dir: Path, stages: dict, extra: dict) -> Path:
     "Write the demo's report.json and report.png into out_dir; return the JSON path."
     out_dir = Path(out_dir)
     report = {"stages": stages, **extra}
     path = out_dir / "report.json"
     path.write_text(json.dumps(report, indent=2, ensure_ascii=False, default=str))
-    fig = plot_stages({n: s for n, s in stages.items()}, extra.get("losses"))
+    fig = plot_stages({n: s for n, s in stages.items()}, extra.get("losses"), extra.get("loss_steps"))
     fig.savefig(out_dir / "report.png")
     return path
 
-# %% ../nbs/09_demo.ipynb #18842121
-def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: int) -> Path:
+# %% ../nbs/09_demo.ipynb #ad45c233
+TASK_TRAINING = {  # what a `dpo` or `pretrain` run changes in the demo's training config
+    "dpo": {"packing": False, "trainer": {"learning_rate": 2e-3, "warmup_steps": 1}},
+    "pretrain": {"packing": False, "lora": {"r": 16, "alpha": 32},
+                 "trainer": {"learning_rate": 1e-2, "embedding_learning_rate": 1e-3, "warmup_steps": 1}},
+}
+
+# %% ../nbs/09_demo.ipynb #41d594ab
+def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: int, task: str = "sft") -> Path:
     "Write the YAML config the demo trains from (the same file a user would write)."
     import yaml
     # one CPU thread: measured faster than two for this tiny model, and steady when the machine is busy
@@ -83,6 +92,10 @@ def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: 
            "lora": {"r": 16, "alpha": 32, "modules_to_save": ["lm_head"]}, "output_dir": str(out / "run"),
            "trainer": {"max_steps": steps, "learning_rate": 1e-2, "warmup_steps": 2, "per_device_train_batch_size": 4,
                        "logging_steps": 1}}
+    if task != "sft":
+        change = TASK_TRAINING[task]
+        cfg |= {"task": task, **{k: v for k, v in change.items() if k != "trainer"}}
+        cfg["trainer"] |= change["trainer"]
     path = out / "train.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -109,25 +122,83 @@ def _pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, st
             "packed": str(packed), "model": model, "adapter": trained.get("adapter"),
             "train_report": trained.get("report"), "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #fcf71cec
+# %% ../nbs/09_demo.ipynb #044ec318
+def _dpo_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
+    "The preference stages, from generated pairs to a merged DPO model; the paths of what they wrote."
+    raw, rows, merged = out / "pairs.jsonl", out / "pairs.parquet", out / "merged"
+    stage("generate", "generate", raw, "--format", "pairs", "--n", records, "--defect-every", max(records // 20, 1),
+          "--seed", seed)
+    model = stage("tiny-model", "tiny-model")["path"]
+    stage("inspect", "inspect", raw)
+    stage("doctor", "doctor", raw, "--tokenizer", model, "--max-seq-length", max_seq_length, ok_codes=(0, 1))
+    stage("prepare", "prepare", raw, "--tokenizer", model, "--out", rows, "--task", "dpo", "--max-length",
+          max_seq_length)
+    stage("plan", "plan", "--model", model, "--gpu", "T4", "--task", "dpo", "--max-seq-length", max_seq_length)
+    trained = stage("train", "train", train_config(out, model, rows, max_seq_length, steps, "dpo"))
+    stage("export", "export", out / "run", "--merged", merged, "--overwrite", "--prompt", "Which answer is better?",
+          "--max-new-tokens", 12)
+    return {"data": str(raw), "prepared": str(rows), "model": model, "adapter": trained.get("adapter"),
+            "merged": str(merged)}
+
+# %% ../nbs/09_demo.ipynb #230bd1a4
+def _pretrain_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
+    "The continued-pretraining stages, from a generated corpus to a merged model; the paths of what they wrote."
+    raw, blocks, merged = out / "corpus.jsonl", out / "blocks.parquet", out / "merged"
+    stage("generate", "generate", raw, "--format", "text", "--n", records, "--malformed-rate", 0.005,
+          "--empty-rate", 0.01, "--huge-every", max(records // 2, 1), "--seed", seed)
+    model = stage("tiny-model", "tiny-model")["path"]
+    stage("inspect", "inspect", raw, "--rejects", out / "inspect.rejects.jsonl")
+    stage("doctor", "doctor", raw, "--tokenizer", model, "--max-seq-length", max_seq_length, ok_codes=(0, 1))
+    prep = stage("prepare", "prepare", raw, "--tokenizer", model, "--out", blocks, "--task", "pretrain",
+                 "--block-size", max_seq_length, "--on-error", "skip")
+    stage("plan", "plan", "--model", model, "--gpu", "T4", "--task", "pretrain", "--max-seq-length", max_seq_length)
+    trained = stage("train", "train", train_config(out, model, blocks, max_seq_length, steps, "pretrain"))
+    stage("export", "export", out / "run", "--merged", merged, "--overwrite", "--prompt", "Why pack sequences?",
+          "--max-new-tokens", 12)
+    return {"data": str(raw), "blocks": str(blocks), "rejects": prep.get("rejects"), "model": model,
+            "adapter": trained.get("adapter"), "merged": str(merged)}
+
+# %% ../nbs/09_demo.ipynb #d0c53a5c
+DEMO_TASKS = {  # task: (its stages, generated records, max_seq_length / block size, training steps)
+    "sft": (_pipeline, 2000, 256, 30),
+    "dpo": (_dpo_pipeline, 200, 256, 12),
+    "pretrain": (_pretrain_pipeline, 300, 128, 12),
+}
+
+# %% ../nbs/09_demo.ipynb #1a254f31
+def _loss_curve(trained: dict) -> list:
+    "The logged (step, loss) pairs of a train summary: its report's curve, its `losses` (one a step), or first/final."
+    if trained.get("report"):
+        return [list(p) for p in json.loads(Path(trained["report"]).read_text()).get("loss_curve", [])]
+    if trained.get("losses"):
+        return [[i + 1, loss] for i, loss in enumerate(trained["losses"])]
+    return [[1, trained.get("first_loss")], [trained.get("steps"), trained.get("final_loss")]]
+
+# %% ../nbs/09_demo.ipynb #2f3f162e
 def demo_args(p):
     "Arguments of `unsloth-prep demo`."
     p.add_argument("--out", default="demo_out", help="output folder for data, model links, logs and the report")
-    p.add_argument("--records", type=int, default=2000, help="generated records")
+    p.add_argument("--task", default="sft", choices=list(DEMO_TASKS), help="what the demo prepares data for and trains")
+    p.add_argument("--records", type=int, default=None, help="generated records (default: sft 2000, dpo 200, "
+                   "pretrain 300)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-seq-length", type=int, default=256, help="training length (small so the CPU demo is quick)")
-    p.add_argument("--steps", type=int, default=30, help="training steps")
+    p.add_argument("--max-seq-length", type=int, default=None, help="training length, the block size for pretrain "
+                   "(default: 256, pretrain 128; small so the CPU demo is quick)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: sft 30, dpo and pretrain 12)")
     return p
 
-# %% ../nbs/09_demo.ipynb #fa7d5ab4
+# %% ../nbs/09_demo.ipynb #ea5281ba
 def demo_main(args) -> dict:
     "Run the demo pipeline."
-    return run_demo(args.out, args.records, args.seed, args.max_seq_length, args.steps)
+    return run_demo(args.out, args.records, args.seed, args.max_seq_length, args.steps, args.task)
 
-# %% ../nbs/09_demo.ipynb #194aed45
-def run_demo(out_dir="demo_out", records: int = 2000, seed: int = 0, max_seq_length: int = 256,
-             steps: int = 30) -> dict:
-    "Run the whole pipeline on generated data, one fresh process per stage; return the summary."
+# %% ../nbs/09_demo.ipynb #7f40685b
+def run_demo(out_dir="demo_out", records: int | None = None, seed: int = 0, max_seq_length: int | None = None,
+             steps: int | None = None, task: str = "sft") -> dict:
+    "Run the whole pipeline for `task` on generated data, one fresh process per stage; return the summary."
+    pipeline, *defaults = DEMO_TASKS[task]
+    records, max_seq_length, steps = [v if v is not None else d for v, d in zip((records, max_seq_length, steps),
+                                                                                  defaults)]
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0, stages = time.perf_counter(), {}
@@ -135,18 +206,21 @@ def run_demo(out_dir="demo_out", records: int = 2000, seed: int = 0, max_seq_len
     def stage(name, *argv, ok_codes=(0,)):
         stages[name] = run_stage(name, list(argv), out, ok_codes)
         return stages[name]
-    print(f"unsloth-prep demo -> {out}")
-    artefacts = _pipeline(stage, out, records, seed, max_seq_length, steps)
+    print(f"unsloth-prep demo --task {task} -> {out}")
+    artefacts = pipeline(stage, out, records, seed, max_seq_length, steps)
     trained, exported = stages["train"], stages["export"]
-    losses = [loss for _, loss in json.loads(Path(trained["report"]).read_text()).get("loss_curve", [])]
-    brief = {n: {k: s.get(k) for k in ("peak_rss_mb", "seconds")} for n, s in stages.items()}
+    curve = _loss_curve(trained)
+    losses = [loss for _, loss in curve]
+    brief = {n: {k: s.get(k) for k in ("peak_rss_mb", "seconds", "exit_code")} for n, s in stages.items()}
     merged = {"folder": exported["out"], "size_mb": exported["size_mb"], "dtype": exported["dtype"],
               "method": exported["method"], "generated": exported["check"]["generated"]}
     report = write_demo_report(out, {n: brief[n] | {"summary": s} for n, s in stages.items()},
-                               {"artefacts": artefacts, "losses": losses, "merged": merged})
-    summary = {"out": str(out), "first_loss": trained.get("first_loss"), "final_loss": trained.get("final_loss"),
-               "steps": trained.get("steps"), "seconds": round(time.perf_counter() - t0, 2), "stages": brief,
-               "artefacts": artefacts, "merged": merged, "report": str(report)}
+                               {"task": task, "artefacts": artefacts, "losses": losses,
+                                "loss_steps": [step for step, _ in curve], "merged": merged})
+    summary = {"task": task, "out": str(out), "first_loss": losses[0] if losses else None,
+               "final_loss": losses[-1] if losses else None, "losses": losses, "steps": trained.get("steps"),
+               "seconds": round(time.perf_counter() - t0, 2), "stages": brief, "artefacts": artefacts,
+               "merged": merged, "report": str(report)}
     for k, v in artefacts.items():
         print(f"  {k:<12} {v}")
     print(f"merged model: {merged['folder']} ({merged['size_mb']:.1f} MB, {merged['dtype']}); loaded by plain "
