@@ -82,13 +82,16 @@ def resolve_settings(cfg: dict, hw: dict) -> dict:
     return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
             "recommendation": rec}
 
-# %% ../nbs/07_training.ipynb #3801e3fa
+# %% ../nbs/07_training.ipynb #6ae1cd3f
 def _files(path) -> list[str]:
     "Expand a Parquet file, folder or glob (or a list of them) into files; a clear error when nothing matches."
     out = []
     for p in (path if isinstance(path, list) else [path]):
         p = str(p)
-        if os.path.isdir(p):
+        if p.endswith("_manifest.json") or os.path.exists(os.path.join(p, "_manifest.json")):
+            from unsloth_prep.parallel import shard_paths  # shards of `prepare --workers`, in manifest order
+            hits = [str(f) for f in shard_paths(p)]
+        elif os.path.isdir(p):
             hits = sorted(_glob.glob(os.path.join(p, "**", "*.parquet"), recursive=True))
         elif any(c in p for c in "*?["):
             hits = sorted(_glob.glob(p, recursive=True))
