@@ -420,10 +420,10 @@ def _check_pairs(data, head: list, tok, max_seq_length, template, mapping, repor
     report.checked = sum(1 for _ in iter_located(data, Rejects(keep=0), Report("count")))
     return True
 
-# %% ../nbs/08_doctor.ipynb #c0ff3384
+# %% ../nbs/08_doctor.ipynb #ad2347c2
 def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: int | None = None, config=None,
            sample: int | None = None, fmt: str = "auto", mapping: dict | None = None, train_on: str = "all-assistant",
-           batch_size: int = 256, rejects_path=None) -> Report:
+           batch_size: int = 256, rejects_path=None, progress: bool | None = False) -> Report:
     """Stream `data` once (the first `sample` records if given) and report every problem found, each with its fix.
 
     `tokenizer` (path or object) enables the tokenizer, template and token-level checks; `config` (training YAML/dict)
@@ -436,7 +436,8 @@ def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: in
         if tokenizer is None and Path(cfg["model"]["name"]).is_dir(): tokenizer = cfg["model"]["name"]
     report.info.update(max_seq_length=max_seq_length, template=template)
     rejects, dups = Rejects(path=rejects_path, keep=3), DupFinder()
-    stream = iter_located(data, rejects, report)
+    from unsloth_prep.parallel import progress_iter  # a progress line of records checked (on a terminal)
+    stream = progress_iter(iter_located(data, rejects, report), "doctor", progress)
     if sample: stream = islice(stream, sample)
     head = list(islice(stream, 64))
     stream, tokenized = chain(head, stream), bool(head) and "input_ids" in head[0][2]
@@ -493,7 +494,7 @@ def write_clean(data, out, fmt: str = "auto", mapping: dict | None = None) -> di
             "duplicate")
     return {"out": str(out), "format": fmt, **{k: counts[k] for k in keys}}
 
-# %% ../nbs/08_doctor.ipynb #081225a6
+# %% ../nbs/08_doctor.ipynb #ac1ec36b
 def doctor_args(parser):
     "Arguments of `unsloth-prep doctor`."
     parser.add_argument("data", help="data file, folder or glob (JSONL, JSON array, CSV, Parquet; raw or tokenized)")
@@ -507,15 +508,17 @@ def doctor_args(parser):
     parser.add_argument("--train-on", default="all-assistant", choices=("all-assistant", "last-assistant"))
     parser.add_argument("--write-clean", default=None, metavar="OUT", help="write a copy without the flagged records")
     parser.add_argument("--rejects", default=None, help="write every malformed line (file, line, error, raw) as JSONL")
+    from unsloth_prep.parallel import progress_args  # --no-progress
+    progress_args(parser)
     return parser
 
-# %% ../nbs/08_doctor.ipynb #5ac37631
+# %% ../nbs/08_doctor.ipynb #74687494
 def doctor_main(args) -> dict:
     "Run `doctor`, print the report; summary with errors, warnings, codes, findings and `exit_code` (1 when errors)."
     mapping = json.loads(args.mapping) if args.mapping else None
     rep = doctor(args.data, tokenizer=args.tokenizer, template=args.template, max_seq_length=args.max_seq_length,
                  config=args.config, sample=args.sample, fmt=args.format, mapping=mapping, train_on=args.train_on,
-                 rejects_path=args.rejects)
+                 rejects_path=args.rejects, progress=False if args.no_progress else None)
     print(rep.text())
     out = rep.as_dict()
     if args.write_clean:

@@ -881,7 +881,7 @@ def _short(x, n: int = 200):
     if isinstance(x, dict): return {k: _short(v, n) for k, v in x.items()}
     return x
 
-# %% ../nbs/02_loading.ipynb #76f02367
+# %% ../nbs/02_loading.ipynb #d7adb86f
 def inspect_args(parser):
     "Arguments of `unsloth-prep inspect`."
     parser.add_argument("data", nargs="*", help="data files, folders, globs (JSONL, JSON array, CSV, Parquet, txt; "
@@ -894,9 +894,11 @@ def inspect_args(parser):
     parser.add_argument("--split", default="train")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many records")
     parser.add_argument("--rejects", default=None, help="write malformed and invalid records to this JSONL file")
+    from unsloth_prep.parallel import progress_args  # --no-progress
+    progress_args(parser)
     return parser
 
-# %% ../nbs/02_loading.ipynb #01062d40
+# %% ../nbs/02_loading.ipynb #96f73e7a
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     mapping = json.loads(args.mapping) if args.mapping else None
@@ -925,7 +927,8 @@ def inspect_main(args) -> dict:
         except ValueError as e: raise ValueError(f"{files[0]}: {e}") from None
     malformed_before = rej.count
     cols, n_ok, n_bad, example = Counter(), 0, 0, None
-    for n, unit, src_name, rec in records:
+    from unsloth_prep.parallel import progress_iter
+    for n, unit, src_name, rec in progress_iter(records, "inspect", False if args.no_progress else None):
         cols.update(rec.keys())
         out = _normalize_or_reject(rec, n, src_name, unit, fmt, mapping, "skip", rej)
         if out is None: n_bad += 1

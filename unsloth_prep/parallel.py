@@ -13,11 +13,11 @@ from .loading import (FORMATS, UNIT, Rejects, atomic_path, detect_format, iter_f
 MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it when reading the folder
 
 # %% auto #0
-__all__ = ['MANIFEST', 'Progress', 'shard_specs', 'shard_records', 'input_format', 'prepare_shard', 'input_identity',
-           'write_manifest', 'shard_paths', 'rows_digest', 'worker_info', 'run_prepare_sharded', 'progress_args',
-           'scale_args', 'prepare_sharded']
+__all__ = ['MANIFEST', 'Progress', 'progress_iter', 'shard_specs', 'shard_records', 'input_format', 'prepare_shard',
+           'input_identity', 'write_manifest', 'shard_paths', 'rows_digest', 'worker_info', 'run_prepare_sharded',
+           'progress_args', 'scale_args', 'prepare_sharded']
 
-# %% ../nbs/04a_scale.ipynb #d6baf255
+# %% ../nbs/04a_scale.ipynb #382125ed
 class Progress:
     "Rows and MB done, rate and ETA on stderr; quiet unless stderr is a terminal (or `enabled=True`)."
     def __init__(self, total_bytes: int | None = None, desc: str = "", enabled: bool | None = None,
@@ -30,6 +30,8 @@ class Progress:
     def line(self) -> str:
         "The current status line."
         dt = max(time.perf_counter() - self.t0, 1e-9)
+        if not self.total and not self.nbytes:  # records only (inspect, doctor): no MB to show
+            return f"{self.desc}: {self.rows:,} rows, {self.rows / dt:,.0f} rows/s"
         mb, rate = self.nbytes / 2**20, self.nbytes / 2**20 / dt
         s = f"{self.desc}: {self.rows:,} rows, {mb:,.1f}"
         if self.total:
@@ -56,6 +58,14 @@ class Progress:
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
+
+# %% ../nbs/04a_scale.ipynb #19622f08
+def progress_iter(items, desc: str, enabled: bool | None = None, stream=None):
+    "Yield `items`, counting them on a progress line (on a terminal only, unless `enabled` says otherwise)."
+    with Progress(None, desc, enabled, stream) as bar:
+        for x in items:
+            bar.update(1)
+            yield x
 
 # %% ../nbs/04a_scale.ipynb #c3259ff4
 def _row_group_parts(spec: dict, k: int) -> list[dict]:
