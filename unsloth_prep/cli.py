@@ -11,18 +11,18 @@ from .memory import own_peak_mb
 # %% auto #0
 __all__ = ['COMMANDS', 'TASKS', 'top_parser', 'task_of', 'command_parser', 'peak_rss_mb', 'finish', 'main']
 
-# %% ../nbs/10_cli.ipynb #dbb0496c
+# %% ../nbs/10_cli.ipynb #b3f559d3
 COMMANDS = {
     "demo": ("unsloth_prep.demo", "run the whole pipeline on generated data and write a memory report"),
-    "generate": ("unsloth_prep.fixtures", "write generated instruction data (JSONL or JSON array)"),
+    "generate": ("unsloth_prep.fixtures", "write generated data: conversations, text corpora or preference pairs"),
     "tiny-model": ("unsloth_prep.fixtures", "build the tiny local Llama + BPE tokenizer into DIR"),
     "inspect": ("unsloth_prep.loading", "stream a dataset once: format, columns, records, malformed lines"),
     "convert": ("unsloth_prep.convert", "JSONL / JSON array to Parquet in bounded memory, with a rejects file"),
     "stats": ("unsloth_prep.tokenization", "token length statistics and a suggested max_seq_length"),
     "prepare": ("unsloth_prep.tokenization", "tokenize into Parquet (--task sft, pretrain, dpo, orpo, kto)"),
-    "pack": ("unsloth_prep.collators", "pack tokenized Parquet into full rows (whole-dataset best-fit-decreasing)"),
+    "pack": ("unsloth_prep.collators", "pack tokenized Parquet (file or shard folder) into full rows in bounded memory"),
     "plan": ("unsloth_prep.oom", "VRAM estimate and recommended settings for a GPU"),
-    "train": ("unsloth_prep.training", "train with Unsloth + LoRA + SFTTrainer from a YAML config"),
+    "train": ("unsloth_prep.training", "train LoRA with Unsloth from a YAML config (SFT, pretraining, DPO/ORPO/KTO)"),
     "doctor": ("unsloth_prep.doctor", "find the data and config problems that break fine-tuning"),
     "export": ("unsloth_prep.lifecycle", "merge a run's LoRA adapter into the base model, with its tokenizer"),
 }
