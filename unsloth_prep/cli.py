@@ -11,7 +11,7 @@ from .memory import own_peak_mb
 # %% auto #0
 __all__ = ['COMMANDS', 'TASKS', 'top_parser', 'task_of', 'command_parser', 'peak_rss_mb', 'finish', 'main']
 
-# %% ../nbs/10_cli.ipynb #b3f559d3
+# %% ../nbs/10_cli.ipynb #e94f9bae
 COMMANDS = {
     "demo": ("unsloth_prep.demo", "run the whole pipeline on generated data and write a memory report"),
     "generate": ("unsloth_prep.fixtures", "write generated data: conversations, text corpora or preference pairs"),
@@ -20,7 +20,7 @@ COMMANDS = {
     "convert": ("unsloth_prep.convert", "JSONL / JSON array to Parquet in bounded memory, with a rejects file"),
     "stats": ("unsloth_prep.tokenization", "token length statistics and a suggested max_seq_length"),
     "prepare": ("unsloth_prep.tokenization", "tokenize into Parquet (--task sft, pretrain, dpo, orpo, kto)"),
-    "pack": ("unsloth_prep.collators", "pack tokenized Parquet (file or shard folder) into full rows in bounded memory"),
+    "pack": ("unsloth_prep.collators", "pack tokenized Parquet (file or shard folder) into full rows, bounded memory"),
     "plan": ("unsloth_prep.oom", "VRAM estimate and recommended settings for a GPU"),
     "train": ("unsloth_prep.training", "train LoRA with Unsloth from a YAML config (SFT, pretraining, DPO/ORPO/KTO)"),
     "doctor": ("unsloth_prep.doctor", "find the data and config problems that break fine-tuning"),
