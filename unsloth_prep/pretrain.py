@@ -20,26 +20,15 @@ __all__ = ['TXT_MODES', 'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER', 'iter_documents'
            'length_percentiles', 'pretrain_report', 'prepare_pretrain', 'block_efficiency', 'pretrain_args',
            'pretrain_main', 'pretrain_trainer', 'train_pretrain']
 
-# %% ../nbs/04b_pretrain.ipynb #b474eba5
-def _token_text(x):
-    "A special token as a string (tokenizer_config.json stores some as {'content': ...})."
-    return x.get("content") if isinstance(x, dict) else x
-
-# %% ../nbs/04b_pretrain.ipynb #851f509d
+# %% ../nbs/04b_pretrain.ipynb #c884f090
 def _text_tokenizer(path):
-    "A `tokenizers.Tokenizer` and its EOS id from a model or tokenizer folder."
-    from tokenizers import Tokenizer
-    path = Path(path)
-    f, cfg_file = path / "tokenizer.json", path / "tokenizer_config.json"
-    if not f.exists(): raise FileNotFoundError(f"{f}: no tokenizer.json (a fast tokenizer folder is needed)")
-    cfg = json.loads(cfg_file.read_text(encoding="utf-8")) if cfg_file.exists() else {}
-    eos = _token_text(cfg.get("eos_token"))
-    tok = Tokenizer.from_file(str(f))
-    eos_id = tok.token_to_id(eos) if isinstance(eos, str) else None
-    if eos_id is None:
-        raise ValueError(f"{cfg_file}: field 'eos_token' ({eos!r}) is missing or not in the vocabulary; "
-                         "documents need an end-of-text token between them")
-    return tok, eos_id
+    "The Rust tokenizer of a model or tokenizer folder and its EOS id (`tokenization.load_tokenizer`)."
+    from unsloth_prep.tokenization import load_tokenizer
+    tok = load_tokenizer(path, require_template=False)
+    if tok.eos_token_id is None:
+        raise ValueError(f"{Path(path) / 'tokenizer_config.json'}: field 'eos_token' ({tok.eos_token!r}) is missing "
+                         "or not in the vocabulary; documents need an end-of-text token between them")
+    return tok._tokenizer, tok.eos_token_id
 
 # %% ../nbs/04b_pretrain.ipynb #6be2db68
 def _iter_whole(path) -> Iterator[tuple[int, str]]:
