@@ -15,9 +15,9 @@ import numpy as np, orjson
 __all__ = ['COMPRESSED_SUFFIXES', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', 'SHAREGPT_TAGS', 'compression_of', 'open_binary',
            'atomic_path', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line', 'iter_jsonl', 'iter_array_blocks',
            'iter_json_array', 'iter_csv', 'iter_parquet', 'iter_text', 'file_kind', 'resolve_files', 'plan_shards',
-           'iter_file', 'is_hub_name', 'load_stream', 'normalize_record', 'detect_format', 'load_conversations',
-           'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text', 'stream_hash', 'inspect_args',
-           'inspect_main']
+           'iter_file', 'is_hub_name', 'load_stream', 'normalize_record', 'detect_format', 'shards_format',
+           'iter_conversations', 'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream',
+           'conversation_text', 'stream_hash', 'inspect_args', 'inspect_main']
 
 # %% ../nbs/02_loading.ipynb #60d7a664
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
@@ -733,7 +733,24 @@ def _gen_conv_iterable(source, name, fmt, mapping, on_error, rejects, warn):
         if out is not None: yield out
     if warn and rej.count: warnings.warn(f"skipped {rej.count} invalid records (first: {rej.items[:3]})")
 
-# %% ../nbs/02_loading.ipynb #12da0847
+# %% ../nbs/02_loading.ipynb #801221f9
+def shards_format(shards: list, fmt: str = "auto", mapping: dict | None = None) -> str:
+    "`fmt` checked, or the format detected from the first records of `shards` (an error names the first file)."
+    if fmt != "auto":
+        if fmt not in FORMATS: raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or 'auto'")
+        return fmt
+    try: return detect_format(_peek(shards), mapping)
+    except ValueError as e: raise ValueError(f"{shards[0]['path']}: {e}") from None
+
+# %% ../nbs/02_loading.ipynb #199ccbbc
+def iter_conversations(data, fmt: str = "auto", mapping: dict | None = None, on_error: str = "raise",
+                       rejects=None) -> Iterator[dict]:
+    "Conversation records of local files/globs/folders; bad records raise with their place or go to `rejects`."
+    _check_on_error(on_error)
+    shards = plan_shards(resolve_files(data))
+    yield from _gen_conv(shards, shards_format(shards, fmt, mapping), mapping, on_error, as_rejects(rejects), False)
+
+# %% ../nbs/02_loading.ipynb #5fd89bd8
 def load_conversations(path_or_name, fmt: str = "auto", mapping: dict | None = None, split: str = "train",
                        dataset_info=None, on_error: str = "raise", rejects=None, num_shards: int | None = None):
     """Stream records in the conversation form from files/globs/dirs, a Hub name, or a LLaMA-Factory registry entry.
@@ -755,10 +772,7 @@ def load_conversations(path_or_name, fmt: str = "auto", mapping: dict | None = N
             source=src, name=path_or_name, fmt=fmt, mapping=mapping, on_error=on_error, rejects=rej, warn=warn))
     else:
         shards = plan_shards(resolve_files(path_or_name), num_shards)
-        if fmt == "auto":
-            try: fmt = detect_format(_peek(shards), mapping)
-            except ValueError as e: raise ValueError(f"{shards[0]['path']}: {e}") from None
-        elif fmt not in FORMATS: raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or 'auto'")
+        fmt = shards_format(shards, fmt, mapping)
         ds = datasets.IterableDataset.from_generator(_gen_conv, gen_kwargs=dict(
             shards=shards, fmt=fmt, mapping=mapping, on_error=on_error, rejects=rej, warn=warn),
             split=datasets.NamedSplit(split))

@@ -832,48 +832,17 @@ def plot_lengths(stats: LengthStats, summary: dict | None = None, bins: int = 60
     fig.tight_layout()
     return fig
 
-# %% ../nbs/04_tokenization.ipynb #47b22b55
-def _peek_records(shards: list, n: int = 32) -> list:
-    "The first `n` parseable records (for format detection; the real pass reports the malformed ones)."
-    from itertools import islice
-    from unsloth_prep.loading import iter_file
-    out = []
-    for spec in shards:
-        try: out += [r for _, r in islice(iter_file(spec, "skip", []), n - len(out))]
-        except ValueError: pass  # a broken file: the real pass raises with its location
-        if len(out) >= n: break
-    return out
-
-# %% ../nbs/04_tokenization.ipynb #2a6042ed
-def _read_conversations(data, fmt: str = "auto", on_error: str = "raise", rejects=None) -> Iterator[dict]:
-    "Conversation records of local files/globs/folders, read with `loading`'s plain readers (no `datasets`)."
-    from unsloth_prep.loading import FORMATS, UNIT, detect_format, iter_file, normalize_record, plan_shards
-    from unsloth_prep.loading import resolve_files
-    shards = plan_shards(resolve_files(data))
-    if fmt == "auto":
-        try: fmt = detect_format(_peek_records(shards))
-        except ValueError as e: raise ValueError(f"{shards[0]['path']}: {e}") from None
-    elif fmt not in FORMATS: raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or 'auto'")
-    for spec in shards:
-        for n, rec in iter_file(spec, on_error, rejects):
-            try: yield normalize_record(rec, fmt)
-            except ValueError as e:
-                where = f"{spec['path']}: {UNIT[spec['kind']]} {n}"
-                if on_error == "raise": raise ValueError(f"{where}: {e}") from None
-                raw = json.dumps(rec, ensure_ascii=False, default=str)[:500]
-                rejects.add(spec["path"], n, e, raw, UNIT[spec["kind"]])
-
-# %% ../nbs/04_tokenization.ipynb #bcae2067
+# %% ../nbs/04_tokenization.ipynb #36c6e627
 def iter_batches(data, batch_size: int = 256, fmt: str = "auto", on_error: str = "raise",
                  rejects=None) -> Iterator[list[dict]]:
     "Lists of conversation records from files (`loading`'s plain readers), a Hub name, a dataset or an iterable."
     from itertools import islice
-    from unsloth_prep.loading import Rejects, is_hub_name
+    from unsloth_prep.loading import Rejects, is_hub_name, iter_conversations
     if isinstance(data, (str, os.PathLike)) and is_hub_name(str(data)):
         from unsloth_prep.loading import load_conversations
         data = load_conversations(str(data), fmt=fmt, on_error=on_error, rejects=rejects)
     elif isinstance(data, (str, os.PathLike)):
-        data = _read_conversations(data, fmt, on_error, rejects if rejects is not None else Rejects())
+        data = iter_conversations(data, fmt, None, on_error, rejects if rejects is not None else Rejects())
     if hasattr(data, "iter") and hasattr(data, "column_names"):  # datasets: read columns in batches
         for cols in data.iter(batch_size=batch_size):
             keys = [k for k in ("messages", "tools") if k in cols]
