@@ -133,3 +133,38 @@ def test_empty_file_and_directory(tmp_path):
     (tmp_path / "d").mkdir()
     code, _, err = cli("convert", tmp_path / "d", tmp_path / "d.parquet", "--no-progress")
     assert code == 2 and f"{tmp_path / 'd'}: is a directory" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_convert_workers_equal_one_process(tmp_path, case):
+    "Byte ranges converted by worker processes (3 ranges, 2 workers) give the one-process table and rejects file."
+    from unsloth_prep.convert import convert
+    from unsloth_prep.parallel import run_convert_sharded, shard_paths
+    name, data, accepted, bad = CASES[case]
+    src = tmp_path / name
+    src.write_bytes(data)
+    one = convert(src, tmp_path / "one.parquet", progress=False)
+    many = run_convert_sharded(src, tmp_path / "many", workers=2, shards=3, progress=False)
+    assert pq.read_table(shard_paths(tmp_path / "many")).equals(pq.read_table(tmp_path / "one.parquet"))
+    keys = ("rows", "rejected", "blank", "lines", "coerced", "json_text_fields", "columns", "input_bytes")
+    assert {k: many[k] for k in keys} == {k: one[k] for k in keys}
+    if bad: assert Path(many["rejects"]).read_bytes() == Path(one["rejects"]).read_bytes()
+    else: assert many["rejects"] is None
+
+
+def test_convert_workers_schema_drift_across_ranges(tmp_path):
+    "Types that change between byte ranges end as one process ends them: widened, or JSON text, counted the same."
+    rows = [{"id": i, "n": i, "when": "2024-01-02", "meta": None, "tags": "a"} for i in range(300)]
+    rows += [{"id": f"k{i}", "n": i + 0.5, "when": "2024-01-03", "meta": {"src": "x"}, "tags": ["a", i]}
+             for i in range(300)]
+    rows += [{"id": i, "n": None, "extra": True} for i in range(300)]
+    src = tmp_path / "drift.jsonl"
+    src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    from unsloth_prep.convert import convert
+    from unsloth_prep.parallel import run_convert_sharded, shard_paths
+    one = convert(src, tmp_path / "one.parquet", progress=False, block_mb=0.01)
+    many = run_convert_sharded(src, tmp_path / "many", workers=2, shards=5, progress=False, block_mb=0.01)
+    assert many["shards"] == 5
+    assert pq.read_table(shard_paths(tmp_path / "many")).equals(pq.read_table(tmp_path / "one.parquet"))
+    assert (many["coerced"], many["json_text_fields"]) == (one["coerced"], one["json_text_fields"])
+    assert one["coerced"] == {"id": 600, "tags": 300}          # the ints of id and the lists of tags, as JSON text

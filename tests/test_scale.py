@@ -137,3 +137,34 @@ def test_ray_engine_equals_single_process(corpus, ray_cluster):
     with pytest.raises(ValueError, match=r"a\.jsonl: line \d+"):
         run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "ray_fail", workers=2, engine="ray", progress=False)
     assert not (d / "ray_fail" / MANIFEST).exists()
+
+
+def test_ray_convert_equals_one_process(corpus, ray_cluster):
+    from unsloth_prep.convert import convert
+    from unsloth_prep.parallel import run_convert_sharded
+    d = corpus["d"]
+    one = convert(d / "in" / "a.jsonl", d / "conv_one.parquet", progress=False)
+    m = run_convert_sharded(d / "in" / "a.jsonl", d / "conv_ray", workers=2, shards=3, engine="ray", progress=False)
+    assert (m["engine"], m["shards"]) == ("ray", 3)
+    assert pq.read_table(shard_paths(d / "conv_ray")).equals(pq.read_table(d / "conv_one.parquet"))
+    assert Path(m["rejects"]).read_bytes() == Path(one["rejects"]).read_bytes()
+    assert one["first_rejected_lines"] == corpus["a"]["malformed_lines"][:20] == m["first_rejected_lines"]
+
+
+def test_convert_workers_cli(corpus, tmp_path):
+    "`convert --workers 2` from the shell: the report and a shard folder; --strict exits 2 naming file and line."
+    import subprocess
+    src = corpus["d"] / "in" / "a.jsonl"
+    main = "import sys; from unsloth_prep.cli import main; sys.exit(main())"
+    run = lambda *a: subprocess.run([sys.executable, "-c", main, "convert", str(src), *map(str, a), "--workers", "2",
+                                     "--no-progress"], capture_output=True, text=True, timeout=300)
+    p = run(tmp_path / "conv")
+    s = json.loads(p.stdout.splitlines()[-1])
+    assert p.returncode == 0 and (s["shards"], s["rejected"]) == (2, corpus["a"]["malformed"])
+    assert sorted(os.listdir(tmp_path)) == ["conv", "conv.rejects.jsonl"]
+    p = run(tmp_path / "strict", "--strict")
+    first = corpus["a"]["malformed_lines"][0]
+    assert p.returncode == 2 and f"a.jsonl: line {first}:" in p.stderr and "Traceback" not in p.stderr
+    assert not (tmp_path / "strict").exists() and sorted(os.listdir(tmp_path)) == ["conv", "conv.rejects.jsonl"]
+    p = run(tmp_path / "rpf", "--rows-per-file", "10")
+    assert p.returncode == 2 and "rows_per_file" in p.stderr

@@ -15,7 +15,7 @@ MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it wh
 # %% auto #0
 __all__ = ['MANIFEST', 'Progress', 'progress_iter', 'shard_specs', 'shard_records', 'input_format', 'prepare_shard',
            'input_identity', 'write_manifest', 'shard_paths', 'rows_digest', 'worker_info', 'run_prepare_sharded',
-           'progress_args', 'scale_args', 'prepare_sharded']
+           'progress_args', 'scale_args', 'prepare_sharded', 'convert_shard', 'run_convert_sharded', 'convert_sharded']
 
 # %% ../nbs/04a_scale.ipynb #382125ed
 class Progress:
@@ -67,17 +67,24 @@ def progress_iter(items, desc: str, enabled: bool | None = None, stream=None):
             bar.update(1)
             yield x
 
-# %% ../nbs/04a_scale.ipynb #c3259ff4
+# %% ../nbs/04a_scale.ipynb #f3bf60c1
 def _row_group_parts(spec: dict, k: int) -> list[dict]:
     "Split a Parquet spec into up to `k` specs of consecutive row groups (`first_row`: the row index they start at)."
     import pyarrow.parquet as pq
     md = pq.ParquetFile(spec["path"]).metadata
-    n, out, first = md.num_row_groups, [], 0
+    n, out, first, size = md.num_row_groups, [], 0, os.path.getsize(spec["path"])
     bounds = sorted({round(i * n / k) for i in range(k + 1)})
     for a, b in zip(bounds, bounds[1:]):
-        out.append({**spec, "row_groups": [a, b], "first_row": first})
-        first += sum(md.row_group(g).num_rows for g in range(a, b))
+        rows = sum(md.row_group(g).num_rows for g in range(a, b))
+        share = size * (first + rows) // max(md.num_rows, 1) - size * first // max(md.num_rows, 1)
+        out.append({**spec, "row_groups": [a, b], "first_row": first, "bytes": share})
+        first += rows
     return out or [spec]
+
+def _spec_bytes(s: dict) -> int:
+    "Bytes of input a shard spec covers (a row-group range: its share of the file, by rows), for progress and ETA."
+    if "bytes" in s: return s["bytes"]
+    return (s["end"] or os.path.getsize(s["path"])) - s["start"]
 
 # %% ../nbs/04a_scale.ipynb #ebd44130
 def shard_specs(data, n: int) -> list[dict]:
@@ -157,23 +164,24 @@ def input_identity(specs: list) -> list[dict]:
         out.append({"path": os.path.abspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
 
-# %% ../nbs/04a_scale.ipynb #971c2b22
+# %% ../nbs/04a_scale.ipynb #dd8125ca
 _SUMS = ("records", "rows", "tokens", "trainable_tokens", "dropped", "truncated", "rejected")
 
-def _shard_entry(s: dict, out_dir: Path) -> dict:
+def _shard_entry(s: dict, out_dir: Path, sums: tuple = _SUMS) -> dict:
     "What the manifest keeps of one shard's summary."
-    keep = {k: s.get(k) for k in _SUMS + ("dropped_reasons", "source", "worker")}
+    keep = {k: s.get(k) for k in sums + ("dropped_reasons", "source", "worker")}
     keep["rejects"] = s.get("rejects", [])[:20]
     keep["rejects_file"] = Path(s["rejects_file"]).name if s.get("rejects_file") else None
     return {"path": Path(s["out"]).name, **keep}
 
-# %% ../nbs/04a_scale.ipynb #70a494ee
-def write_manifest(out_dir, specs: list, summaries: list, settings: dict, engine: str = "local") -> dict:
+# %% ../nbs/04a_scale.ipynb #fd0cf4eb
+def write_manifest(out_dir, specs: list, summaries: list, settings: dict, engine: str = "local",
+                   sums: tuple = _SUMS) -> dict:
     "Write the manifest into `out_dir` atomically (last), listing the shards in input order; return it."
     out_dir = Path(out_dir)
-    shards = [_shard_entry(s, out_dir) for s in summaries]
+    shards = [_shard_entry(s, out_dir, sums) for s in summaries]
     m = {"version": 1, "engine": engine, "input": input_identity(specs), "settings": settings, "shards": shards}
-    m.update({k: sum(s[k] or 0 for s in shards) for k in _SUMS})
+    m.update({k: sum(s[k] or 0 for s in shards) for k in sums})
     with atomic_path(out_dir / MANIFEST) as tmp_path:
         tmp_path.write_text(json.dumps(m, indent=1, ensure_ascii=False))
     return m
@@ -215,23 +223,45 @@ def worker_info() -> dict:
     from unsloth_prep.memory import own_peak_mb
     return {"pid": os.getpid(), "peak_rss_mb": round(own_peak_mb(), 1), "torch_imported": "torch" in sys.modules}
 
-# %% ../nbs/04a_scale.ipynb #4987a892
-def _shard_main(job: dict, q):
-    "Worker process: load the tokenizer, prepare one shard, report progress and the summary (or the error)."
-    try:
+# %% ../nbs/04a_scale.ipynb #171dffe4
+class _Reporter:
+    "A worker's progress: `(rows, nbytes)` summed and sent to the parent at most five times a second."
+    def __init__(self, q, index: int):
+        self.q, self.index, self.rows, self.nbytes, self.sent, self.t = q, index, 0, 0, 0, time.perf_counter()
+
+    def __call__(self, rows: int = 0, nbytes: int = 0):
+        self.rows += rows
+        self.nbytes += nbytes
+        if time.perf_counter() - self.t > 0.2: self.flush()
+
+    def flush(self):
+        self.q.put(("progress", self.index, self.rows, self.nbytes))
+        self.sent += self.nbytes
+        self.rows, self.nbytes, self.t = 0, 0, time.perf_counter()
+
+    def close(self, shard_bytes: int):
+        "Send the rest, topping the bytes up to the shard's size (a record's bytes are estimated while it runs)."
+        self.nbytes = max(self.nbytes, shard_bytes - self.sent)
+        self.flush()
+
+# %% ../nbs/04a_scale.ipynb #2dbdd444
+def _run_job(job: dict, report=None, tok=None) -> dict:
+    "Run one shard job in this process (convert a byte range, or prepare with `tok`, loaded if not given)."
+    if job.get("task") == "convert": return {**convert_shard(job, report), "worker": worker_info()}
+    if tok is None:
         from unsloth_prep.tokenization import load_tokenizer
         tok = load_tokenizer(job["tokenizer"], job.get("template"))
-        acc = [0, 0, time.perf_counter()]
-        def on_progress(rows, nbytes):
-            acc[0] += rows
-            acc[1] += nbytes
-            if time.perf_counter() - acc[2] > 0.2:
-                q.put(("progress", job["index"], acc[0], acc[1]))
-                acc[:] = [0, 0, time.perf_counter()]
-        s = prepare_shard(job["spec"], tok, job["out"], job["fmt"], job["on_error"], job.get("rejects"),
-                          on_progress, **job["prepare_kw"])
-        q.put(("progress", job["index"], acc[0], acc[1]))
-        q.put(("done", job["index"], {**s, "worker": worker_info()}))
+    s = prepare_shard(job["spec"], tok, job["out"], job["fmt"], job["on_error"], job.get("rejects"), report,
+                      **job["prepare_kw"])
+    return {**s, "worker": worker_info()}
+
+def _shard_main(job: dict, q):
+    "Worker process: run one shard job, report progress (the shard's bytes in full at the end), then the summary."
+    try:
+        report = _Reporter(q, job["index"])
+        s = _run_job(job, report)
+        report.close(_spec_bytes(job["spec"]))
+        q.put(("done", job["index"], s))
     except BaseException as e:
         q.put(("error", job["index"], type(e).__name__, str(e), traceback.format_exc()))
         sys.exit(1)
@@ -303,18 +333,21 @@ def _jobs(specs, tokenizer, template, fmt, on_error, out_dir: Path, prepare_kw) 
                  out=str(out_dir / f"part-{i:05d}.parquet"), rejects=str(out_dir / f"_part-{i:05d}.rejects.jsonl"),
                  prepare_kw=prepare_kw) for i, s in enumerate(specs)]
 
-# %% ../nbs/04a_scale.ipynb #6264272a
+# %% ../nbs/04a_scale.ipynb #3ce7b973
 def _settings(tokenizer, template, fmt, on_error, prepare_kw) -> dict:
     "The settings a manifest records."
     return {"tokenizer": os.path.abspath(str(tokenizer)), "template": template, "fmt": fmt, "on_error": on_error,
             **prepare_kw}
 
-def _total_bytes(specs) -> int:
-    "Bytes the shards cover (for the progress bar's ETA)."
-    return sum((s["end"] or os.path.getsize(s["path"])) - s["start"] if "start" in s else os.path.getsize(s["path"])
-               for s in specs)
 
-# %% ../nbs/04a_scale.ipynb #e1eebfed
+
+def _run_engine(jobs: list, specs: list, workers: int, engine: str, progress: bool | None, desc: str) -> list:
+    "The shard jobs' summaries, run by `workers` local processes (one progress line) or Ray actors."
+    if engine not in ("local", "ray"): raise ValueError(f"engine must be 'local' or 'ray', not {engine!r}")
+    if engine == "ray": return _run_ray(jobs, workers, progress)
+    with Progress(sum(map(_spec_bytes, specs)), desc, progress) as bar: return _run_local(jobs, workers, bar)
+
+# %% ../nbs/04a_scale.ipynb #90b90c41
 def run_prepare_sharded(data, tokenizer, out_dir, workers: int = 2, template: str | None = None, fmt: str = "auto",
                         on_error: str = "raise", shards: int | None = None, progress: bool | None = None,
                         engine: str = "local", **prepare_kw) -> dict:
@@ -326,30 +359,25 @@ def run_prepare_sharded(data, tokenizer, out_dir, workers: int = 2, template: st
     _clear(out_dir)
     jobs = _jobs(specs, tokenizer, template, fmt, on_error, out_dir, prepare_kw)
     try:
-        if engine == "ray": summaries = _run_ray(jobs, workers, progress)
-        else:
-            with Progress(_total_bytes(specs), "prepare", progress) as bar: summaries = _run_local(jobs, workers, bar)
+        summaries = _run_engine(jobs, specs, workers, engine, progress, "prepare")
     except BaseException:
         _clear(out_dir)
         raise
     settings = _settings(tokenizer, template, fmt, on_error, prepare_kw)
     return write_manifest(out_dir, specs, summaries, settings, engine)
 
-# %% ../nbs/04a_scale.ipynb #6c6dc206
+# %% ../nbs/04a_scale.ipynb #9cd728c9
 class _RayShards:
-    "Ray Data actor: loads the tokenizer once, then prepares the shard jobs of each batch it is given."
-    def __init__(self, tokenizer: str, template: str | None = None):
-        from unsloth_prep.tokenization import load_tokenizer
-        self.tok = load_tokenizer(tokenizer, template)
+    "Ray Data actor: loads the tokenizer once (for prepare jobs), then runs the shard jobs of each batch it is given."
+    def __init__(self, tokenizer: str | None = None, template: str | None = None):
+        self.tok = None
+        if tokenizer:
+            from unsloth_prep.tokenization import load_tokenizer
+            self.tok = load_tokenizer(tokenizer, template)
 
     def __call__(self, batch: dict) -> dict:
-        out = []
-        for j in batch["job"]:
-            job = json.loads(j)
-            s = prepare_shard(job["spec"], self.tok, job["out"], job["fmt"], job["on_error"], job.get("rejects"),
-                              **job["prepare_kw"])
-            out.append(json.dumps({**s, "index": job["index"], "worker": worker_info()}, default=str))
-        return {"summary": out}
+        jobs = [json.loads(j) for j in batch["job"]]
+        return {"summary": [json.dumps({**_run_job(j, tok=self.tok), "index": j["index"]}, default=str) for j in jobs]}
 
 # %% ../nbs/04a_scale.ipynb #acffa086
 def _ray_error(e: Exception) -> Exception:
@@ -358,7 +386,7 @@ def _ray_error(e: Exception) -> Exception:
     found = re.findall(r"(?:ValueError|FileNotFoundError): (.+)", str(e))
     return ValueError(found[-1].strip()) if found else e
 
-# %% ../nbs/04a_scale.ipynb #21f2be14
+# %% ../nbs/04a_scale.ipynb #0d2d41b0
 def _ray_init(workers: int):
     "Ray, connected to `RAY_ADDRESS` when set, else to a local cluster of `max(2, workers)` CPUs started here."
     import ray
@@ -373,7 +401,7 @@ def _run_ray(jobs: list, workers: int, progress: bool | None) -> list:
     from unsloth_prep import parallel as _self
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty() if progress is None else progress
     ds = ray.data.from_items([{"job": json.dumps(j)} for j in jobs], override_num_blocks=len(jobs))
-    ds = ds.map_batches(_self._RayShards, fn_constructor_args=(jobs[0]["tokenizer"], jobs[0]["template"]),
+    ds = ds.map_batches(_self._RayShards, fn_constructor_args=(jobs[0].get("tokenizer"), jobs[0].get("template")),
                         batch_size=1, compute=ray.data.ActorPoolStrategy(size=workers), num_cpus=1)
     try:
         rows = ds.take_all()
@@ -426,3 +454,118 @@ def prepare_sharded(args) -> dict | None:
         s["out"] = str(out)
         print(f"packed into {s['pack']['rows']:,} rows of {args.max_seq_length} -> {out}")
     return s
+
+# %% ../nbs/04a_scale.ipynb #4dc6d349
+def convert_shard(job: dict, on_progress=None) -> dict:
+    "Convert one shard job (a byte range of an uncompressed JSONL file, or a whole file) with `convert.convert`."
+    from unsloth_prep.convert import convert
+    s = job["spec"]
+    rng = (s["start"], s["end"]) if s.get("start") or s.get("end") is not None else None
+    r = convert(s["path"], job["out"], rejects=job["rejects"], byte_range=rng, progress=on_progress or False,
+                overwrite=True, **job["convert_kw"])
+    return {**r, "source": {k: v for k, v in s.items() if k != "kind"}}
+
+# %% ../nbs/04a_scale.ipynb #c4948bcf
+def _common_schema(summaries: list) -> tuple:
+    "The shards' schemas merged in input order with the drift rule (and the fields that became JSON text)."
+    import pyarrow.parquet as pq
+    from unsloth_prep.convert import merge_schema
+    text_fields = set().union(*(s["json_text_fields"] for s in summaries))
+    schema = None
+    for s in summaries: schema = merge_schema(schema, pq.read_schema(s["output"]), text_fields)
+    return schema, text_fields
+
+def _conform_file(path, schema, text_fields: set, coerced: dict, kw: dict):
+    "Rewrite one shard on `schema`, row group by row group with convert's writer, unless it is on it already."
+    import pyarrow.parquet as pq
+    from unsloth_prep.convert import PartWriter, conform
+    with pq.ParquetFile(path) as pf:
+        if pf.schema_arrow.equals(schema): return
+        folder = Path(f"{path}.conform")
+        folder.mkdir()
+        w = PartWriter(folder, None, kw.get("row_group_rows", 100_000), kw.get("row_group_mb", 4),
+                       compression=kw.get("compression", "zstd"), compression_level=kw.get("compression_level"),
+                       use_dictionary=kw.get("use_dictionary", "auto"), **(kw.get("parquet_options") or {}))
+        for i in range(pf.num_row_groups): w.write(conform(pf.read_row_group(i), schema, text_fields, coerced))
+        parts = w.close()
+    if parts: os.replace(parts[0][0], path)
+    else: pq.write_table(schema.empty_table(), path)
+    shutil.rmtree(folder)
+
+# %% ../nbs/04a_scale.ipynb #e6f27fc3
+def _join_rejects(summaries: list, path: Path) -> Path | None:
+    "Join the shards' rejects files, in input order, into `path` (written atomically); None if nothing was rejected."
+    files = [s["rejects"] for s in summaries if s.get("rejects")]
+    if not files: return None
+    with atomic_path(path) as tmp_path, open(tmp_path, "wb") as out:
+        for f in files:
+            with open(f, "rb") as src: shutil.copyfileobj(src, out)
+    return path
+
+_CONVERT_SUMS = ("rows", "rejected", "blank", "lines", "input_bytes", "output_bytes")
+
+def _convert_entry(s: dict) -> dict:
+    "A shard's convert summary in the manifest's shape (its path, counts, first rejected lines)."
+    return {**s, "out": s["output"], "output_bytes": os.path.getsize(s["output"]),
+            "rejects": [{"line": n} for n in s["first_rejected_lines"]], "rejects_file": None}
+
+# %% ../nbs/04a_scale.ipynb #b160800a
+def _convert_jobs(specs: list, tmp: Path, convert_kw: dict) -> list[dict]:
+    "One picklable convert job per shard spec."
+    return [dict(task="convert", index=i, spec=s, out=str(tmp / f"part-{i:05d}.parquet"),
+                 rejects=str(tmp / f"_part-{i:05d}.rejects.jsonl"), convert_kw=convert_kw) for i, s in enumerate(specs)]
+
+def _converted(m: dict, summaries: list, schema, text_fields, coerced: dict, dst: Path, rejects, t0: float) -> dict:
+    "The summary of a parallel convert, with the keys a one-process `convert` returns."
+    secs, size = time.perf_counter() - t0, sum(i["bytes"] for i in m["input"])
+    files = [dst / s["path"] for s in m["shards"]]
+    peaks = [s["worker"]["peak_rss_mb"] for s in summaries]
+    return {**{k: m[k] for k in _CONVERT_SUMS}, "seconds": round(secs, 3), "mb_per_s": round(size / 1e6 / secs, 1),
+            "output": str(dst), "files": [str(f) for f in files], "rejects": str(rejects) if rejects else None,
+            "first_rejected_lines": [n for s in summaries for n in s["first_rejected_lines"]][:20],
+            "coerced": coerced, "json_text_fields": sorted(text_fields), "format": m["settings"]["fmt"],
+            "columns": [f"{f.name}: {f.type}" for f in schema], "shards": len(files), "engine": m["engine"],
+            "manifest": str(dst / MANIFEST), "worker_peak_rss_mb": max(peaks, default=None)}
+
+# %% ../nbs/04a_scale.ipynb #17cbc28f
+def run_convert_sharded(src, dst, workers: int = 2, rejects=None, overwrite: bool = False,
+                        progress: bool | None = None, engine: str = "local", shards: int | None = None,
+                        **convert_kw) -> dict:
+    "Convert `src` into the folder `dst`: a Parquet shard per byte range and a manifest, by processes or Ray actors."
+    from unsloth_prep.convert import _check_convert_args, _clean_stale, default_rejects_path
+    t0, src, dst = time.perf_counter(), Path(src), Path(dst)
+    convert_kw["fmt"] = _check_convert_args(src, dst, convert_kw.get("fmt", "auto"), overwrite)
+    if convert_kw.get("rows_per_file"):
+        raise ValueError(f"{dst}: with workers each byte range is one Parquet file; rows_per_file is for one process")
+    specs = plan_shards([str(src)], shards or workers)
+    if len(specs) < (shards or workers):
+        print(f"{src}: a JSON array or a compressed file cannot be cut into byte ranges: one worker", file=sys.stderr)
+    _clean_stale(dst)
+    tmp = dst.parent / f".{dst.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        summaries = _run_engine(_convert_jobs(specs, tmp, convert_kw), specs, workers, engine, progress, "convert")
+        schema, text_fields = _common_schema(summaries)
+        coerced = {}
+        for s in summaries:
+            for k, v in s["coerced"].items(): coerced[k] = coerced.get(k, 0) + v
+            _conform_file(s["output"], schema, text_fields, coerced, convert_kw)
+        rejects = _join_rejects(summaries, Path(rejects) if rejects else default_rejects_path(dst))
+        m = write_manifest(tmp, specs, [_convert_entry(s) for s in summaries], convert_kw, engine, _CONVERT_SUMS)
+        for f in tmp.glob("_part-*"): f.unlink()
+        if dst.exists(): shutil.rmtree(dst) if dst.is_dir() else dst.unlink()
+        os.replace(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return _converted(m, summaries, schema, text_fields, coerced, dst, rejects, t0)
+
+# %% ../nbs/04a_scale.ipynb #bca2785c
+def convert_sharded(args) -> dict | None:
+    "`convert` with `--workers N` (N > 1) or `--engine ray`: a folder of Parquet shards + manifest; None otherwise."
+    if args.workers <= 1 and args.engine == "local": return None
+    return run_convert_sharded(args.src, args.dst, max(1, args.workers), args.rejects, args.overwrite,
+                               False if args.no_progress else None, args.engine, strict=args.strict,
+                               rows_per_file=args.rows_per_file, compression=args.compression,
+                               compression_level=args.compression_level, row_group_rows=args.batch_rows,
+                               row_group_mb=args.row_group_mb, block_mb=args.block_mb, fmt=args.format)
