@@ -168,3 +168,16 @@ def test_convert_workers_cli(corpus, tmp_path):
     assert not (tmp_path / "strict").exists() and sorted(os.listdir(tmp_path)) == ["conv", "conv.rejects.jsonl"]
     p = run(tmp_path / "rpf", "--rows-per-file", "10")
     assert p.returncode == 2 and "rows_per_file" in p.stderr
+
+
+def test_prepare_and_stats_progress_count_megabytes(corpus, tmp_path, capsys):
+    "On a terminal, prepare's and stats' bars show the MB read against the input's size, ending at 100%."
+    from unsloth_prep.tokenization import collect_stats
+    src = corpus["d"] / "in" / "a.jsonl"
+    size = f"/{os.path.getsize(src) / 2**20:,.1f} MB (100%)"
+    prepare(src, load_tokenizer(corpus["tok"]), tmp_path / "p.parquet", on_error="skip", progress=True)
+    last = capsys.readouterr().err.rstrip().split("\r")[-1]
+    assert last.startswith(f"prepare: {corpus['a']['records']:,} rows, ") and size in last, last
+    collect_stats(src, load_tokenizer(corpus["tok"]), on_error="skip", progress=True)
+    last = capsys.readouterr().err.rstrip().split("\r")[-1]
+    assert last.startswith("stats: ") and size in last, last

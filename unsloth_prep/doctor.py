@@ -420,7 +420,7 @@ def _check_pairs(data, head: list, tok, max_seq_length, template, mapping, repor
     report.checked = sum(1 for _ in iter_located(data, Rejects(keep=0), Report("count")))
     return True
 
-# %% ../nbs/08_doctor.ipynb #ad2347c2
+# %% ../nbs/08_doctor.ipynb #c1a2e20f
 def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: int | None = None, config=None,
            sample: int | None = None, fmt: str = "auto", mapping: dict | None = None, train_on: str = "all-assistant",
            batch_size: int = 256, rejects_path=None, progress: bool | None = False) -> Report:
@@ -436,12 +436,12 @@ def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: in
         if tokenizer is None and Path(cfg["model"]["name"]).is_dir(): tokenizer = cfg["model"]["name"]
     report.info.update(max_seq_length=max_seq_length, template=template)
     rejects, dups = Rejects(path=rejects_path, keep=3), DupFinder()
-    from unsloth_prep.parallel import progress_iter  # a progress line of records checked (on a terminal)
-    stream = progress_iter(iter_located(data, rejects, report), "doctor", progress)
+    tok = open_tokenizer(tokenizer, template) if tokenizer is not None else None   # before the bar counts reads
+    from unsloth_prep.parallel import progress_iter  # a progress line of records and MB checked (on a terminal)
+    stream = progress_iter(iter_located(data, rejects, report), "doctor", progress, data=data)
     if sample: stream = islice(stream, sample)
     head = list(islice(stream, 64))
     stream, tokenized = chain(head, stream), bool(head) and "input_ids" in head[0][2]
-    tok = open_tokenizer(tokenizer, template) if tokenizer is not None else None
     usable = check_tokenizer(tok, report) if tok is not None else False
     if not head and not rejects.count and "unreadable_file" not in report.findings:
         report.add("no_records", report.source)

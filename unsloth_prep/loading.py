@@ -912,7 +912,7 @@ def inspect_args(parser):
     progress_args(parser)
     return parser
 
-# %% ../nbs/02_loading.ipynb #96f73e7a
+# %% ../nbs/02_loading.ipynb #b4079b7c
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     mapping = json.loads(args.mapping) if args.mapping else None
@@ -942,7 +942,7 @@ def inspect_main(args) -> dict:
     malformed_before = rej.count
     cols, n_ok, n_bad, example = Counter(), 0, 0, None
     from unsloth_prep.parallel import progress_iter
-    for n, unit, src_name, rec in progress_iter(records, "inspect", False if args.no_progress else None):
+    for n, unit, src_name, rec in progress_iter(records, "inspect", False if args.no_progress else None, data=data):
         cols.update(rec.keys())
         out = _normalize_or_reject(rec, n, src_name, unit, fmt, mapping, "skip", rej)
         if out is None: n_bad += 1

@@ -13,19 +13,28 @@ from .loading import (FORMATS, UNIT, Rejects, atomic_path, detect_format, iter_f
 MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it when reading the folder
 
 # %% auto #0
-__all__ = ['MANIFEST', 'Progress', 'progress_iter', 'shard_specs', 'shard_records', 'input_format', 'prepare_shard',
-           'input_identity', 'write_manifest', 'shard_paths', 'rows_digest', 'worker_info', 'run_prepare_sharded',
-           'progress_args', 'scale_args', 'prepare_sharded', 'convert_shard', 'run_convert_sharded', 'convert_sharded']
+__all__ = ['MANIFEST', 'bytes_read', 'Progress', 'input_bytes', 'progress_iter', 'shard_specs', 'shard_records', 'input_format',
+           'prepare_shard', 'input_identity', 'write_manifest', 'shard_paths', 'rows_digest', 'worker_info',
+           'run_prepare_sharded', 'progress_args', 'scale_args', 'prepare_sharded', 'convert_shard',
+           'run_convert_sharded', 'convert_sharded']
 
-# %% ../nbs/04a_scale.ipynb #382125ed
+# %% ../nbs/04a_scale.ipynb #f0e6242b
+def bytes_read() -> int | None:
+    "Bytes this process has read so far (`rchar` in /proc/self/io on Linux), or None where the system does not say."
+    try:
+        with open("/proc/self/io", "rb") as f: return int(f.readline().split()[1])
+    except (OSError, ValueError, IndexError): return None
+
+# %% ../nbs/04a_scale.ipynb #1bbe13e1
 class Progress:
     "Rows and MB done, rate and ETA on stderr; quiet unless stderr is a terminal (or `enabled=True`)."
     def __init__(self, total_bytes: int | None = None, desc: str = "", enabled: bool | None = None,
-                 stream=None, every: float = 0.25):
+                 stream=None, every: float = 0.25, reads: bool = False):
         self.stream = stream or sys.stderr
         self.enabled = self.stream.isatty() if enabled is None else enabled
         self.total, self.desc, self.every = total_bytes, desc, every
         self.rows, self.nbytes, self.t0, self.shown = 0, 0, time.perf_counter(), 0.0
+        self.base = bytes_read() if reads and total_bytes else None   # MB done = what this process has read since
 
     def line(self) -> str:
         "The current status line."
@@ -35,9 +44,9 @@ class Progress:
         mb, rate = self.nbytes / 2**20, self.nbytes / 2**20 / dt
         s = f"{self.desc}: {self.rows:,} rows, {mb:,.1f}"
         if self.total:
-            left = max(self.total - self.nbytes, 0) / 2**20 / rate if rate else 0
+            left = f"{max(self.total - self.nbytes, 0) / 2**20 / rate:.0f} s" if rate else "?"
             share = min(self.nbytes / self.total, 1)
-            s += f"/{self.total / 2**20:,.1f} MB ({share:.0%}), {rate:.1f} MB/s, ETA {left:.0f} s"
+            s += f"/{self.total / 2**20:,.1f} MB ({share:.0%}), {rate:.1f} MB/s, ETA {left}"
         return s + (f" MB, {self.rows / dt:,.0f} rows/s" if not self.total else "")
 
     def update(self, rows: int = 0, nbytes: int = 0):
@@ -47,22 +56,32 @@ class Progress:
         now = time.perf_counter()
         if self.enabled and now - self.shown >= self.every:
             self.shown = now
-            self.stream.write("\r" + self.line())
-            self.stream.flush()
+            self._draw("\r")
+
+    def _draw(self, end: str):
+        if self.base is not None: self.nbytes = min(bytes_read() - self.base, self.total)
+        self.stream.write(end + self.line())
+        self.stream.flush()
 
     def close(self):
         "Draw the final line and end it."
         if self.enabled:
-            self.stream.write("\r" + self.line() + "\n")
-            self.stream.flush()
+            self._draw("\r")
+            self.stream.write("\n")
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()
 
-# %% ../nbs/04a_scale.ipynb #19622f08
-def progress_iter(items, desc: str, enabled: bool | None = None, stream=None):
-    "Yield `items`, counting them on a progress line (on a terminal only, unless `enabled` says otherwise)."
-    with Progress(None, desc, enabled, stream) as bar:
+# %% ../nbs/04a_scale.ipynb #82ba7932
+def input_bytes(data) -> int | None:
+    "Size of the input files that `data` names (a path, glob, folder or a list of them); None for records in memory."
+    if not isinstance(data, (str, os.PathLike, list, tuple)): return None
+    try: return sum(os.path.getsize(p) for p in resolve_files(data))
+    except (FileNotFoundError, TypeError): return None
+
+def progress_iter(items, desc: str, enabled: bool | None = None, stream=None, data=None):
+    "Yield `items`, counting them on a progress line (MB read of the files `data` names, when given)."
+    with Progress(input_bytes(data), desc, enabled, stream, reads=True) as bar:
         for x in items:
             bar.update(1)
             yield x

@@ -887,14 +887,14 @@ def _write_parquet(tables, path):
     finally:
         if writer is not None: writer.close()
 
-# %% ../nbs/04_tokenization.ipynb #d7beab2f
-def _with_progress(columns, counts: TokenizeCounts, on: bool | None, desc: str = "prepare"):
-    "The column batches, with a progress line of records read (`on`: True, False, or None: only on a terminal)."
+# %% ../nbs/04_tokenization.ipynb #7cf1205d
+def _with_progress(columns, counts: TokenizeCounts, on: bool | None, desc: str = "prepare", data=None):
+    "The column batches, with a progress line of records and MB read (`on`: True, False, or None: on a terminal)."
     if on is False:
         yield from columns
         return
-    from unsloth_prep.parallel import Progress  # the one progress line of every command
-    with Progress(None, desc, on) as bar:
+    from unsloth_prep.parallel import Progress, input_bytes  # the one progress line of every command
+    with Progress(input_bytes(data), desc, on, reads=True) as bar:
         for cols in columns:
             bar.update(counts.rows_in - bar.rows)
             yield cols
@@ -904,7 +904,7 @@ def _located(e: ValueError, data) -> ValueError:
     src = str(data) if isinstance(data, (str, os.PathLike)) else None
     return ValueError(f"{src}: {e}") if src and not str(e).startswith(src) else e
 
-# %% ../nbs/04_tokenization.ipynb #f61d6c0d
+# %% ../nbs/04_tokenization.ipynb #8713f153
 def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_length: int | None = None,
             on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = 256, fmt: str = "auto",
             on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None,
@@ -914,7 +914,7 @@ def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_lengt
     ct = ChatTokenizer(tokenizer, train_on, max_seq_length, on_overflow, chars_per_token)
     counts, rejects, t0, out = TokenizeCounts(), Rejects(), time.perf_counter(), Path(out).absolute()
     cols = tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts)
-    tables = (_arrow_table(on_batch(c) if on_batch else c) for c in _with_progress(cols, counts, progress))
+    tables = (_arrow_table(on_batch(c) if on_batch else c) for c in _with_progress(cols, counts, progress, data=data))
     try:
         with atomic_path(out) as tmp: _write_parquet(tables, tmp)
     except ValueError as e: raise _located(e, data) from None
@@ -930,7 +930,7 @@ def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: 
     from unsloth_prep.loading import Rejects
     ct, st, counts, rejects = ChatTokenizer(tokenizer, train_on), LengthStats(), TokenizeCounts(), Rejects()
     cols = tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts)
-    for c in _with_progress(cols, counts, progress, "stats"):
+    for c in _with_progress(cols, counts, progress, "stats", data):
         st.update(c, tokenizer.bos_token_id)
     return st, counts, rejects.count
 
