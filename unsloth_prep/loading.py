@@ -284,13 +284,15 @@ def iter_csv(path, delimiter: str = ",", on_error: str = "raise", rejects=None) 
                 continue
             yield reader.line_num, row
 
-# %% ../nbs/02_loading.ipynb #f868fb84
-def iter_parquet(path, batch_size: int = 1024, columns: list | None = None) -> Iterator[tuple[int, dict]]:
-    "Yield `(row_index, record)` from a Parquet file, one record batch at a time."
+# %% ../nbs/02_loading.ipynb #94815c3b
+def iter_parquet(path, batch_size: int = 1024, columns: list | None = None, row_groups: list | None = None,
+                 first_row: int = 0) -> Iterator[tuple[int, dict]]:
+    "Yield `(row_index, record)` from a Parquet file (or its row groups `[a, b)`, which start at row `first_row`)."
     import pyarrow.parquet as pq
-    i = 0
+    i = first_row
     with pq.ParquetFile(path) as pf:
-        for batch in pf.iter_batches(batch_size=batch_size, columns=columns):
+        groups = range(*row_groups) if row_groups else None
+        for batch in pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups):
             for rec in batch.to_pylist():
                 yield i, rec
                 i += 1
@@ -346,7 +348,7 @@ def resolve_files(data) -> list[str]:
         out += found
     return out
 
-# %% ../nbs/02_loading.ipynb #256c18bc
+# %% ../nbs/02_loading.ipynb #bd5655cb
 def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
     """Shard specs `{path, kind, start, end}`: one per file, uncompressed JSONL split into byte ranges to reach
     `num_shards`."""
@@ -388,7 +390,8 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
         return iter_jsonl(path, on_error, rejects, spec["start"], spec["end"], first)
     if kind == "json_array": return iter_json_array(path, on_error, rejects)
     if kind in ("csv", "tsv"): return iter_csv(path, "," if kind == "csv" else "\t", on_error, rejects)
-    if kind == "parquet": return iter_parquet(path)
+    if kind == "parquet": return iter_parquet(path, row_groups=spec.get("row_groups"),
+                                               first_row=spec.get("first_row", 0))
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 

@@ -6,10 +6,13 @@
 1. pack: peak RSS of `pack_parquet` (bounded: lengths first, external sort into per-row-group runs) on tokenized
    Parquet files of about 30M, 100M and 300M tokens (--small: 30M and 90M), beside packing the whole table in memory
    with `pack_table` on the smallest. Targets: peak <= 400 MB at ~32.8M tokens, flat (+-25%) across sizes.
-2. prepare: the same generated JSONL through (a) one process, tokenizer restricted to one thread; (b) `--workers 2`
-   (run_prepare_sharded, each worker one thread); (c) the Ray Data engine with 2 actors on a local cluster (cluster
-   start timed apart). Targets: (b) >= 1.6x (a) in records/s; per-worker peak <= 350 MB; (c) >= 0.7x (b), per-actor
+2. prepare: the same generated JSONL through (a) one process pinned to one core (tokenizer on one thread; the same
+   process unpinned, which overlaps rendering and encoding on two cores, is shown beside it); (b) `--workers 2`
+   (run_prepare_sharded, each worker one thread); (c) the Ray Data engine with 2 actors on a local cluster (the
+   cluster's start and Ray Data's first job, which starts its helper actors, timed apart). Targets: (b) >= 1.6x (a) in records/s; per-worker peak <= 350 MB; (c) >= 0.7x (b), per-actor
    peak <= 450 MB. Per-worker peaks come from the manifest (each worker's own ru_maxrss).
+3. convert: MB/s of one process, `--workers 2` and Ray (2 actors) on the same JSONL; the shard tables must equal the
+   one-process table.
 Prints a table per part, then one JSON line. Figures from a shared machine are indicative.
 """
 import argparse, json, os, shutil, sys, tempfile, textwrap, time
@@ -78,6 +81,7 @@ def bench_pack(work, sizes, L=2048):
 PREPARE_SINGLE = """
 import os
 os.environ["RAYON_NUM_THREADS"] = "1"
+if {pin}: os.sched_setaffinity(0, {{0}})   # one core: rendering and the encoding thread take turns
 import time
 from unsloth_prep.tokenization import load_tokenizer, prepare
 t0 = time.perf_counter()
@@ -91,8 +95,10 @@ os.environ["RAYON_NUM_THREADS"] = "1"
 import time
 from unsloth_prep.parallel import run_prepare_sharded, _ray_init
 t_start = 0.0
-if {engine!r} == "ray":
-    t = time.perf_counter(); _ray_init(2); t_start = time.perf_counter() - t
+if {engine!r} == "ray":   # the cluster and Ray Data's own helper actors start once per cluster: timed apart
+    t = time.perf_counter()
+    _ray_init(2).data.range(2).map_batches(lambda b: b).take_all()
+    t_start = time.perf_counter() - t
 t0 = time.perf_counter()
 m = run_prepare_sharded({data!r}, {tok!r}, {out!r}, workers=2, on_error="skip", max_seq_length=4096,
                         engine={engine!r}, progress=False)
@@ -108,7 +114,10 @@ def bench_prepare(work, size_mb):
     from unsloth_prep.parallel import rows_digest, shard_paths
     data, tok = work / "chat.jsonl", str(tiny_model())
     info = write_records(data, size_mb=size_mb, fmt="openai", seed=5)
-    runs = {"one process, 1 thread": PREPARE_SINGLE.format(data=str(data), tok=tok, out=str(work / "single.parquet")),
+    runs = {"one process, 1 core": PREPARE_SINGLE.format(data=str(data), tok=tok, out=str(work / "single.parquet"),
+                                                         pin=True),
+            "one process, 2 cores": PREPARE_SINGLE.format(data=str(data), tok=tok, out=str(work / "single2.parquet"),
+                                                          pin=False),
             "--workers 2": PREPARE_SHARDED.format(data=str(data), tok=tok, out=str(work / "w2"), engine="local"),
             "ray, 2 actors": PREPARE_SHARDED.format(data=str(data), tok=tok, out=str(work / "ray"), engine="ray")}
     res = {k: run_code(textwrap.dedent(c), label=k) for k, c in runs.items()}
@@ -119,7 +128,7 @@ def bench_prepare(work, size_mb):
         out[k] = {"records_per_s": v["records"] / v["seconds"], "seconds": v["seconds"], "peak_mb": r.peak_mb,
                   "worker_peaks_mb": v.get("worker_peaks"), "start_s": v.get("start_s"),
                   "torch_in_workers": v.get("torch_in_workers")}
-    one, w2, ray = (out[k]["records_per_s"] for k in runs)
+    one, one2, w2, ray = (out[k]["records_per_s"] for k in runs)
     targets = {"workers2_ge_1.6x": w2 >= 1.6 * one, "worker_peak_le_350": max(out["--workers 2"]["worker_peaks_mb"]) <= 350,
                "ray_ge_0.7x_workers2": ray >= 0.7 * w2, "actor_peak_le_450": max(out["ray, 2 actors"]["worker_peaks_mb"]) <= 450,
                "identical_rows": all(same.values())}
@@ -128,17 +137,62 @@ def bench_prepare(work, size_mb):
     for k, o in out.items():
         peaks = "" if not o["worker_peaks_mb"] else "/".join(f"{p:.0f}" for p in o["worker_peaks_mb"])
         print(f"{k:24s} {o['records_per_s']:8.1f} {o['seconds']:7.1f} {o['peak_mb']:14.0f} {peaks:>20s}")
-    print(f"ratios: workers2/one {w2 / one:.2f}x, ray/workers2 {ray / w2:.2f}x; Ray cluster start "
+    print(f"ratios: workers2/one core {w2 / one:.2f}x (workers2/one unpinned process {w2 / one2:.2f}x), "
+          f"ray/workers2 {ray / w2:.2f}x; Ray cluster start "
           f"{out['ray, 2 actors']['start_s']:.1f} s (not counted); torch imported in workers: "
           f"{out['--workers 2']['torch_in_workers']}")
     print("prepare targets:", targets)
     return {"records": info["records"], "mb": info["bytes"] / 2**20, "engines": out, "targets": targets}
 
 
+CONVERT = """
+import time
+from unsloth_prep.convert import convert
+from unsloth_prep.parallel import run_convert_sharded, _ray_init
+start = 0.0
+if {engine!r} == "ray":   # the cluster and Ray Data's own helper actors start once per cluster: timed apart
+    t = time.perf_counter()
+    _ray_init(2).data.range(2).map_batches(lambda b: b).take_all()
+    start = time.perf_counter() - t
+t0 = time.perf_counter()
+if {workers} == 1: s = convert({src!r}, {out!r}, progress=False)
+else: s = run_convert_sharded({src!r}, {out!r}, workers={workers}, engine={engine!r}, progress=False)
+result = {{"rows": s["rows"], "seconds": time.perf_counter() - t0, "start_s": start,
+          "worker_peak": s.get("worker_peak_rss_mb")}}
+"""
+
+
+def bench_convert(work, size_mb):
+    """MB/s of `convert` in one process, with `--workers 2`, and with Ray (2 actors) on the same JSONL."""
+    from unsloth_prep.fixtures import write_records
+    from unsloth_prep.parallel import shard_paths
+    src = work / "conv.jsonl"
+    info = write_records(src, size_mb=size_mb, fmt="alpaca", malformed_rate=0.0005, seed=7)
+    runs = {"one process": (1, "local", "one.parquet"), "--workers 2": (2, "local", "w2"),
+            "ray, 2 actors": (2, "ray", "ray")}
+    out = {}
+    for k, (w, engine, o) in runs.items():
+        r = run_code(textwrap.dedent(CONVERT.format(engine=engine, workers=w, src=str(src), out=str(work / o))),
+                     label=k)
+        out[k] = {"mb_per_s": info["bytes"] / 2**20 / r.value["seconds"], "seconds": r.value["seconds"],
+                  "peak_mb": r.peak_mb, "worker_peak_mb": r.value["worker_peak"], "start_s": r.value["start_s"]}
+    one = pq.read_table(work / "one.parquet")
+    same = {k: pq.read_table(shard_paths(work / o)).equals(one) for k, (w, e, o) in runs.items() if w > 1}
+    print(f"\nconvert: {info['records']:,} records, {info['bytes'] / 2**20:.0f} MB JSONL")
+    print(f"{'engine':16s} {'MB/s':>7s} {'s':>7s} {'peak MB (driver)':>17s} {'per-worker peak MB':>19s}")
+    for k, o in out.items():
+        print(f"{k:16s} {o['mb_per_s']:7.1f} {o['seconds']:7.1f} {o['peak_mb']:17.0f} {o['worker_peak_mb'] or '':>19}")
+    print(f"workers2/one {out['--workers 2']['mb_per_s'] / out['one process']['mb_per_s']:.2f}x, ray/workers2 "
+          f"{out['ray, 2 actors']['mb_per_s'] / out['--workers 2']['mb_per_s']:.2f}x; same table: {same}")
+    return {"mb": info["bytes"] / 2**20, "engines": out, "same_table": same}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--small", action="store_true", help="30M and 90M tokens for pack, 4 MB of JSONL for prepare")
-    p.add_argument("--part", default="all", choices=("pack", "prepare", "all"))
+    p.add_argument("--part", default="all", choices=("pack", "prepare", "convert", "all"))
+    p.add_argument("--prepare-mb", type=float, default=None, help="MB of JSONL for prepare (default 20; 4 with --small)")
+    p.add_argument("--convert-mb", type=float, default=None, help="MB of JSONL for convert (default 400; 40 with --small)")
     a = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="bench_scale_"))
     res = {"small": a.small}
@@ -147,7 +201,9 @@ def main(argv=None):
             sizes = (32_800_000, 90_000_000) if a.small else (32_800_000, 100_000_000, 300_000_000)
             res["pack"] = bench_pack(work, sizes)
         if a.part in ("prepare", "all"):
-            res["prepare"] = bench_prepare(work, 4 if a.small else 20)
+            res["prepare"] = bench_prepare(work, a.prepare_mb or (4 if a.small else 20))
+        if a.part in ("convert", "all"):
+            res["convert"] = bench_convert(work, a.convert_mb or (40 if a.small else 400))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print("(shared 2-core machine: figures are indicative)")
