@@ -9,7 +9,8 @@ template: a folder holding it with Unsloth's llama-3.1 template as its OWN templ
 
 1. start-up: a fresh `prepare` process on a one-record file, wall time from process start to exit, lean vs the
    transformers path (AutoTokenizer + datasets reader, as before), on the same folder;
-2. peak RSS of `prepare` in fresh processes over generated JSONL of each size (lean; old path at the smallest size);
+2. peak RSS of `prepare` in fresh processes over generated JSONL of each size (lean; old path at the smallest size;
+   `stats` and `doctor` too with --stats-doctor);
 3. throughput on N conversations, one process, alternated, best of 3: tokenize + mask (`tokenize_batches`, columns
    built, nothing written) vs a raw pass that renders each record with the tokenizer's `apply_chat_template` and
    encodes in batches (`tokenizer(texts)`, no labels), and vs the bare Rust `encode_batch` on the same texts.
@@ -46,6 +47,14 @@ import sys
 from unsloth_prep.cli import main
 rc = main(["prepare", {data!r}, "--tokenizer", {tok!r}, "--out", {out!r}{extra}])
 assert rc in (0, None), rc
+result = sorted(m for m in ("torch", "transformers", "datasets", "unsloth") if sys.modules.get(m) is not None)
+"""
+
+DATA_CMD = """
+import sys
+from unsloth_prep.cli import main
+rc = main([{cmd!r}, {data!r}, "--tokenizer", {tok!r}{extra}])
+assert rc in (0, 1, None), rc
 result = sorted(m for m in ("torch", "transformers", "datasets", "unsloth") if sys.modules.get(m) is not None)
 """
 
@@ -103,6 +112,7 @@ def main(argv=None):
     p.add_argument("--n", type=int, default=None, help="conversations for the throughput pass (default 20k)")
     p.add_argument("--sizes-mb", default=None, help="comma-separated input sizes for the RSS runs (default 100,400)")
     p.add_argument("--skip-old", action="store_true", help="do not run the transformers path")
+    p.add_argument("--stats-doctor", action="store_true", help="also the peak RSS of `stats` and `doctor` per size")
     p.add_argument("--workdir", default=tempfile.gettempdir())
     a = p.parse_args(argv)
     from unsloth_prep.fixtures import iter_records, write_records
@@ -128,11 +138,14 @@ def main(argv=None):
         for name, t, x in cases:
             r = run(LEAN, f"lean, {name}, {mb:g} MB", data=str(data), tok=str(t), out=str(work / "o.parquet"), extra=x)
             res["rss"].append({**r, "records": info["records"]})
+        for cmd in (("stats", "doctor") if a.stats_doctor else ()):
+            r = run(DATA_CMD, f"lean {cmd}, own template, {mb:g} MB", cmd=cmd, data=str(data), tok=str(own))
+            res["rss"].append({**r, "records": info["records"]})
         if mb == sizes[0] and not a.skip_old:
             r = run(OLD, f"transformers path, {mb:g} MB", data=str(data), tok=str(own), out=str(work / "o.parquet"))
             res["rss"].append({**r, "records": info["records"]})
         data.unlink()
-        for r in res["rss"][-(len(cases) + (mb == sizes[0] and not a.skip_old)):]:
+        for r in res["rss"][-(len(cases) + 2 * a.stats_doctor + (mb == sizes[0] and not a.skip_old)):]:
             print(f"  peak RSS {r['label']:40s} {r['peak_mb']:7.1f} MB  {r['seconds']:7.1f} s  {r['records']:,} records")
     n = a.n or (2_000 if a.small else 20_000)
     recs = list(iter_records(n, "openai", seed=0))
