@@ -286,7 +286,7 @@ def _reap(running: dict, q, jobs, done, bar):
         p.join()
         del running[i]
 
-# %% ../nbs/04a_scale.ipynb #d18b5d9e
+# %% ../nbs/04a_scale.ipynb #60ca6ef6
 def _run_local(jobs: list, workers: int, bar, target=None) -> list:
     "Run the shard jobs in spawned processes, at most `workers` at a time; their summaries in job order."
     from unsloth_prep import parallel as _self   # the worker by its importable name, even from a notebook
@@ -303,6 +303,7 @@ def _run_local(jobs: list, workers: int, bar, target=None) -> list:
             _reap(running, q, by_index, done, bar)
     finally:
         for p in running.values():
+            if p.pid is None: continue        # its start failed: the error says why
             p.kill()
             p.join()
     return [done[j["index"]] for j in jobs]

@@ -48,7 +48,14 @@ def _folder_template(path: Path, cfg: dict):
     if isinstance(t, list): t = {d["name"]: d["template"] for d in t}.get("default")
     return t or None
 
-# %% ../nbs/04_tokenization.ipynb #5a33756c
+# %% ../nbs/04_tokenization.ipynb #a5f9cbe0
+BPE_CACHE_WORDS = 1_000
+
+def _bound_word_cache(backend):
+    "Cap the word cache of a BPE model at `BPE_CACHE_WORDS` (other models have none)."
+    if hasattr(backend.model, "_resize_cache"): backend.model._resize_cache(BPE_CACHE_WORDS)
+
+# %% ../nbs/04_tokenization.ipynb #856a8776
 class LeanTokenizer:
     "A fast tokenizer read from its folder with `tokenizers` alone: what preparation needs, no torch, no transformers."
     is_fast = True
@@ -56,6 +63,7 @@ class LeanTokenizer:
     def __init__(self, backend, chat_template: str | None = None, special: dict | None = None, name_or_path=""):
         self._tokenizer, self.chat_template, self.name_or_path = backend, chat_template, str(name_or_path)
         self._special = {k: v for k, v in (special or {}).items() if v is not None}
+        _bound_word_cache(backend)
 
     def __repr__(self): return f"LeanTokenizer({self.name_or_path!r}, vocab={len(self)}, {self.special_tokens_map})"
     def __len__(self): return self._tokenizer.get_vocab_size(with_added_tokens=True)

@@ -113,6 +113,7 @@ def main(argv=None):
     p.add_argument("--sizes-mb", default=None, help="comma-separated input sizes for the RSS runs (default 100,400)")
     p.add_argument("--skip-old", action="store_true", help="do not run the transformers path")
     p.add_argument("--stats-doctor", action="store_true", help="also the peak RSS of `stats` and `doctor` per size")
+    p.add_argument("--own-only", action="store_true", help="only the folder with its own template (not --template)")
     p.add_argument("--workdir", default=tempfile.gettempdir())
     a = p.parse_args(argv)
     from unsloth_prep.fixtures import iter_records, write_records
@@ -125,6 +126,7 @@ def main(argv=None):
     one = work / "one.jsonl"
     write_records(one, n=1, fmt="openai", seed=1)
     cases = [("own template", own, []), ("--template llama-3.1", src, ["--template", "llama-3.1"])]
+    if a.own_only: cases = cases[:1]
     res["startup"] = [run(LEAN, f"lean, {name}", data=str(one), tok=str(t), out=str(work / "o.parquet"), extra=x)
                       for name, t, x in cases]
     if not a.skip_old:
