@@ -25,7 +25,7 @@ OWN_TEMPLATE = (None, "", "own", "tokenizer")
 __all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'UNSLOTH_TEMPLATES', 'SPECIAL_KEYS', 'TOKENIZER_FILES', 'OWN_TEMPLATE',
            'TEMPLATE_MARKERS', 'LeanTokenizer', 'compile_template', 'no_template_message', 'apply_template',
            'write_template_folder', 'resolve_templates', 'template_folder', 'load_tokenizer', 'as_messages',
-           'ChatRenderer', 'TokenizeCounts', 'ChatTokenizer', 'tokenize_conversation', 'end_of_turn_token',
+           'ChatRenderer', 'RowCounts', 'TokenizeCounts', 'ChatTokenizer', 'tokenize_conversation', 'end_of_turn_token',
            'tokenize_dataset', 'VerifyReport', 'verify_labels', 'token_view', 'tokenize_batch_stats', 'round_up',
            'LengthStats', 'length_stats', 'plot_lengths', 'iter_batches', 'tokenize_batches', 'prepare',
            'collect_stats', 'stats_args', 'stats_main', 'prepare_args', 'prepare_main']
@@ -399,26 +399,35 @@ def _runs(labels) -> list[tuple[int, int]]:
     if start is not None: runs.append((start, len(labels)))
     return runs
 
-# %% ../nbs/04_tokenization.ipynb #f66350fd
+# %% ../nbs/04_tokenization.ipynb #ddc91ac5
 @dataclass
-class TokenizeCounts:
-    "What happened to the rows of a tokenization run."
+class RowCounts:
+    "Rows in and out, and the rows dropped (by reason) or truncated: what every preparation run counts."
     rows_in: int = 0
     rows_out: int = 0
     dropped: int = 0
     truncated: int = 0
-    pretruncated: int = 0
-    empty_turns: int = 0
-    tokens: int = 0
-    trainable_tokens: int = 0
-    trainable_lost: int = 0
     reasons: Counter = field(default_factory=Counter)
+
+    def drop(self, reason: str):
+        "Count one dropped row under `reason`."
+        self.dropped += 1
+        self.reasons[reason] += 1
 
     def as_dict(self) -> dict:
         "Plain dict (reasons included)."
         d = {k: v for k, v in self.__dict__.items() if k != "reasons"}
         d["dropped_reasons"] = dict(self.reasons)
         return d
+
+@dataclass
+class TokenizeCounts(RowCounts):
+    "What happened to the rows of a tokenization run."
+    pretruncated: int = 0
+    empty_turns: int = 0
+    tokens: int = 0
+    trainable_tokens: int = 0
+    trainable_lost: int = 0
 
 # %% ../nbs/04_tokenization.ipynb #744ab7e0
 class ChatTokenizer:
@@ -493,7 +502,7 @@ def rows(self: ChatTokenizer, preps: list, encodings: list, counts: TokenizeCoun
         counts.trainable_tokens += len(ids) - labels.count(-100)
     return out
 
-# %% ../nbs/04_tokenization.ipynb #4bcf232d
+# %% ../nbs/04_tokenization.ipynb #7e25e6cc
 @patch
 def _token_index(self: ChatTokenizer, enc, pos, n, text_len):
     "Index of the first token that starts at or after char `pos`."
@@ -501,13 +510,6 @@ def _token_index(self: ChatTokenizer, enc, pos, n, text_len):
     t = enc.char_to_token(pos)
     if t is None: return next((k for k, (s, _) in enumerate(enc.offsets) if s >= pos), n)
     return t if enc.token_to_chars(t)[0] >= pos else t + 1
-
-@patch
-def _drop(self: ChatTokenizer, counts, reason):
-    "Count a dropped row."
-    counts.dropped += 1
-    counts.reasons[reason] += 1
-    return None
 
 # %% ../nbs/04_tokenization.ipynb #45f47d18
 @patch
@@ -520,13 +522,13 @@ def _token_spans(self: ChatTokenizer, text, spans, enc, n) -> list:
         out.append((ta, tb, i))
     return out
 
-# %% ../nbs/04_tokenization.ipynb #21a1b7c6
+# %% ../nbs/04_tokenization.ipynb #8ae62109
 @patch
 def _row(self: ChatTokenizer, index, msgs, asst, cut, text, spans, enc, counts):
     "input_ids and labels of one encoded conversation, after the overflow policy (None = dropped)."
     ids = enc.ids
     n = len(ids)
-    if not asst: return self._drop(counts, "no_assistant")
+    if not asst: return counts.drop("no_assistant")
     if cut: counts.pretruncated += 1
     tok_spans = self._token_spans(text, spans, enc, n)
     trained = [s for s in tok_spans if _is_trained(msgs[s[2]]) and s[2] not in cut]
@@ -535,12 +537,12 @@ def _row(self: ChatTokenizer, index, msgs, asst, cut, text, spans, enc, counts):
     if self.train_on != "all" and not trained:
         weight_0 = any(msgs[i].get("loss_weight", 1) == 0 for i in asst)
         reason = "response_too_long" if asst[-1] in cut else "loss_weight_0" if weight_0 else "empty_response"
-        return self._drop(counts, reason)
+        return counts.drop(reason)
     if asst[-1] in cut and self.train_on != "all":  # the answer itself was cut by the char budget
         if self.on_overflow == "raise":
             raise ValueError(f"row {index}: the assistant answer ({len(msgs[asst[-1]]['content'])} chars) "
                              f"cannot fit max_seq_length={self.max_seq_length}")
-        return self._drop(counts, "response_too_long")
+        return counts.drop("response_too_long")
     if self.train_on == "all": labels = list(ids)
     else:
         labels = [-100] * n
@@ -549,17 +551,17 @@ def _row(self: ChatTokenizer, index, msgs, asst, cut, text, spans, enc, counts):
     keep_from = trained[-1][0] if trained else tok_spans[-1][0]
     return self._overflow(index, ids, labels, trained, keep_from, counts)
 
-# %% ../nbs/04_tokenization.ipynb #65f7d3cb
+# %% ../nbs/04_tokenization.ipynb #f38a4ec6
 @patch
 def _overflow(self: ChatTokenizer, index, ids, labels, trained, keep_from, counts):
     "A row longer than `max_seq_length`: raise, drop, or cut the prompt side (keeping the last trained answer whole)."
     n, L = len(ids), self.max_seq_length
     if self.on_overflow == "raise":
         raise ValueError(f"row {index}: {n} tokens > max_seq_length={L} (on_overflow='raise')")
-    if self.on_overflow == "drop": return self._drop(counts, "too_long")
+    if self.on_overflow == "drop": return counts.drop("too_long")
     head = 1 if self.bos_id is not None and ids and ids[0] == self.bos_id else 0
     cut_end = head + (n - L)
-    if cut_end > keep_from: return self._drop(counts, "response_too_long")
+    if cut_end > keep_from: return counts.drop("response_too_long")
     lost = 0
     for ta, tb, _ in trained:  # an earlier answer cut through is masked, never trained without its start
         if ta < cut_end < tb:
@@ -569,7 +571,7 @@ def _overflow(self: ChatTokenizer, index, ids, labels, trained, keep_from, count
     counts.truncated += 1
     counts.trainable_lost += lost
     ids, labels = ids[:head] + ids[cut_end:], labels[:head] + labels[cut_end:]
-    if self.train_on != "all" and all(x == -100 for x in labels): return self._drop(counts, "response_too_long")
+    if self.train_on != "all" and all(x == -100 for x in labels): return counts.drop("response_too_long")
     return ids, labels
 
 # %% ../nbs/04_tokenization.ipynb #84c09014
