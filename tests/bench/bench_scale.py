@@ -89,17 +89,20 @@ s = prepare({data!r}, load_tokenizer({tok!r}), {out!r}, on_error="skip", max_seq
 result = {{"records": s["records"], "rows": s["rows"], "seconds": time.perf_counter() - t0}}
 """
 
+RAY_START = """t_start = 0.0
+if {engine!r} == "ray":   # the cluster and Ray Data's own helper actors start once per cluster: timed apart
+    from unsloth_prep.parallel import _ray_init
+    t = time.perf_counter()
+    _ray_init(2).data.range(2).map_batches(lambda b: b).take_all()
+    t_start = time.perf_counter() - t
+"""
+
 PREPARE_SHARDED = """
 import os
 os.environ["RAYON_NUM_THREADS"] = "1"
 import time
-from unsloth_prep.parallel import run_prepare_sharded, _ray_init
-t_start = 0.0
-if {engine!r} == "ray":   # the cluster and Ray Data's own helper actors start once per cluster: timed apart
-    t = time.perf_counter()
-    _ray_init(2).data.range(2).map_batches(lambda b: b).take_all()
-    t_start = time.perf_counter() - t
-t0 = time.perf_counter()
+from unsloth_prep.parallel import run_prepare_sharded
+{ray_start}t0 = time.perf_counter()
 m = run_prepare_sharded({data!r}, {tok!r}, {out!r}, workers=2, on_error="skip", max_seq_length=4096,
                         engine={engine!r}, progress=False)
 result = {{"records": m["records"], "rows": m["rows"], "seconds": time.perf_counter() - t0, "start_s": t_start,
@@ -118,8 +121,9 @@ def bench_prepare(work, size_mb):
                                                          pin=True),
             "one process, 2 cores": PREPARE_SINGLE.format(data=str(data), tok=tok, out=str(work / "single2.parquet"),
                                                           pin=False),
-            "--workers 2": PREPARE_SHARDED.format(data=str(data), tok=tok, out=str(work / "w2"), engine="local"),
-            "ray, 2 actors": PREPARE_SHARDED.format(data=str(data), tok=tok, out=str(work / "ray"), engine="ray")}
+            **{k: PREPARE_SHARDED.format(data=str(data), tok=tok, out=str(work / o), engine=e,
+                                         ray_start=RAY_START.format(engine=e))
+               for k, o, e in (("--workers 2", "w2", "local"), ("ray, 2 actors", "ray", "ray"))}}
     # the memory sampler polls every 0.1 s, not 5 ms: with three processes to read it would take CPU from the work
     res = {k: run_code(textwrap.dedent(c), label=k, interval=0.1) for k, c in runs.items()}
     same = {k: rows_digest(shard_paths(work / d)) == rows_digest(work / "single.parquet") for k, d in (("w2", "w2"), ("ray", "ray"))}
@@ -149,16 +153,11 @@ def bench_prepare(work, size_mb):
 CONVERT = """
 import time
 from unsloth_prep.convert import convert
-from unsloth_prep.parallel import run_convert_sharded, _ray_init
-start = 0.0
-if {engine!r} == "ray":   # the cluster and Ray Data's own helper actors start once per cluster: timed apart
-    t = time.perf_counter()
-    _ray_init(2).data.range(2).map_batches(lambda b: b).take_all()
-    start = time.perf_counter() - t
-t0 = time.perf_counter()
+from unsloth_prep.parallel import run_convert_sharded
+{ray_start}t0 = time.perf_counter()
 if {workers} == 1: s = convert({src!r}, {out!r}, progress=False)
 else: s = run_convert_sharded({src!r}, {out!r}, workers={workers}, engine={engine!r}, progress=False)
-result = {{"rows": s["rows"], "seconds": time.perf_counter() - t0, "start_s": start,
+result = {{"rows": s["rows"], "seconds": time.perf_counter() - t0, "start_s": t_start,
           "worker_peak": s.get("worker_peak_rss_mb")}}
 """
 
@@ -173,7 +172,9 @@ def bench_convert(work, size_mb):
             "ray, 2 actors": (2, "ray", "ray")}
     out = {}
     for k, (w, engine, o) in runs.items():
-        r = run_code(textwrap.dedent(CONVERT.format(engine=engine, workers=w, src=str(src), out=str(work / o))),
+        code = CONVERT.format(engine=engine, workers=w, src=str(src), out=str(work / o),
+                              ray_start=RAY_START.format(engine=engine))
+        r = run_code(textwrap.dedent(code),
                      label=k, interval=0.1)
         out[k] = {"mb_per_s": info["bytes"] / 2**20 / r.value["seconds"], "seconds": r.value["seconds"],
                   "peak_mb": r.peak_mb, "worker_peak_mb": r.value["worker_peak"], "start_s": r.value["start_s"]}
