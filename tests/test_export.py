@@ -41,7 +41,8 @@ def _cli(*args, cwd=None):
 def run(tmp_path_factory):
     "A short training run on data prepared with a named chat template."
     from unsloth_prep.fixtures import iter_records, tiny_model
-    from unsloth_prep.tokenization import load_tokenizer, prepare
+    from unsloth_prep.tokenizer import load_tokenizer
+    from unsloth_prep.tokenization import prepare
     d = tmp_path_factory.mktemp("export")
     model = str(tiny_model())
     tok = load_tokenizer(model, TEMPLATE)

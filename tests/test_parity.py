@@ -139,7 +139,8 @@ def test_empty_file_and_directory(tmp_path):
 def test_convert_workers_equal_one_process(tmp_path, case):
     "Byte ranges converted by worker processes (3 ranges, 2 workers) give the one-process table and rejects file."
     from unsloth_prep.convert import convert
-    from unsloth_prep.parallel import run_convert_sharded, shard_paths
+    from unsloth_prep.parallel import run_convert_sharded
+    from unsloth_prep.base import shard_paths
     name, data, accepted, bad = CASES[case]
     src = tmp_path / name
     src.write_bytes(data)
@@ -161,7 +162,8 @@ def test_convert_workers_schema_drift_across_ranges(tmp_path):
     src = tmp_path / "drift.jsonl"
     src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
     from unsloth_prep.convert import convert
-    from unsloth_prep.parallel import run_convert_sharded, shard_paths
+    from unsloth_prep.parallel import run_convert_sharded
+    from unsloth_prep.base import shard_paths
     one = convert(src, tmp_path / "one.parquet", progress=False, block_mb=0.01)
     many = run_convert_sharded(src, tmp_path / "many", workers=2, shards=5, progress=False, block_mb=0.01)
     assert many["shards"] == 5

@@ -13,7 +13,7 @@ import pytest
 
 from unsloth_prep.fixtures import iter_records, tiny_model
 from unsloth_prep.preference import PairTokenizer, prepare_preference, read_examples, verify_pairs
-from unsloth_prep.tokenization import UNSLOTH_TEMPLATES, load_tokenizer, resolve_templates
+from unsloth_prep.tokenizer import UNSLOTH_TEMPLATES, load_tokenizer, resolve_templates
 
 TEMPLATES = (None,) + UNSLOTH_TEMPLATES
 
@@ -129,8 +129,9 @@ TRAIN = r"""
 import json, sys
 from pathlib import Path
 from unsloth_prep.fixtures import tiny_model
-from unsloth_prep.preference import prepare_preference, train_preference
-from unsloth_prep.tokenization import load_tokenizer
+from unsloth_prep.preference import prepare_preference
+from unsloth_prep.training import train_preference
+from unsloth_prep.tokenizer import load_tokenizer
 tmp = Path(sys.argv[1])
 recs = [{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"Question {i}: 你好?"}],
          "chosen": f"Hi number {i}!", "rejected": "No."} for i in range(6)]

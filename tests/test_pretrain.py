@@ -9,7 +9,7 @@ from clitools import last_json, run
 
 _MAIN = """
 import argparse, json, sys
-from unsloth_prep.pretrain import pretrain_args, pretrain_main
+from unsloth_prep.pipeline import pretrain_args, pretrain_main
 s = pretrain_main(pretrain_args(argparse.ArgumentParser()).parse_args(sys.argv[1:]))
 print(json.dumps(s))
 """
@@ -50,7 +50,7 @@ def test_prepare_main_bad_input_names_file_line_field(corpus):
 
 _TRAIN = """
 import unsloth, json, sys, torch
-from unsloth_prep.pretrain import train_pretrain
+from unsloth_prep.training import train_pretrain
 blocks, model, out = sys.argv[1:4]
 cfg = {"data": {"path": blocks}, "model": {"name": model, "cpu_threads": 2}, "max_seq_length": 128,
        "lora": {"r": 8, "alpha": 16}, "output_dir": out, "generate": None,

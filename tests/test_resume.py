@@ -19,7 +19,8 @@ TOL = 1e-6
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     from unsloth_prep.fixtures import iter_records, tiny_model
-    from unsloth_prep.tokenization import load_tokenizer, prepare
+    from unsloth_prep.tokenizer import load_tokenizer
+    from unsloth_prep.tokenization import prepare
     d = tmp_path_factory.mktemp("resume")
     model = str(tiny_model())
     prepare(iter_records(80, "openai", seed=5), load_tokenizer(model), d / "prepared.parquet", max_seq_length=128)

@@ -9,9 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from unsloth_prep.fixtures import tiny_model, write_records
-from unsloth_prep.parallel import (MANIFEST, Progress, _run_local, prepare_sharded, rows_digest, run_prepare_sharded,
-                                   scale_args, shard_paths)
-from unsloth_prep.tokenization import load_tokenizer, prepare
+from unsloth_prep.base import MANIFEST, Progress, shard_paths
+from unsloth_prep.parallel import _run_local, rows_digest, run_prepare_sharded
+from unsloth_prep.pipeline import prepare_sharded, scale_args
+from unsloth_prep.tokenizer import load_tokenizer
+from unsloth_prep.tokenization import prepare
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def test_progress_quiet_off_terminal(capsys):
 
 def test_cli_helper_pack(corpus, tmp_path):
     import argparse
-    from unsloth_prep.tokenization import prepare_args
+    from unsloth_prep.pipeline import prepare_args
     p = argparse.ArgumentParser()
     prepare_args(p)
     if not any(a.dest == "workers" for a in p._actions): scale_args(p)

@@ -7,8 +7,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from unsloth_prep.fixtures import iter_records, tiny_model, write_records
-from unsloth_prep.tokenization import (TokenizeCounts, length_stats, load_tokenizer, tokenize_conversation,
-                                       tokenize_dataset, verify_labels)
+from unsloth_prep.tokenization import (TokenizeCounts, length_stats, tokenize_conversation, tokenize_dataset, verify_labels)
+from unsloth_prep.tokenizer import load_tokenizer
 from clitools import last_json, run
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from unsloth_prep.fixtures import tiny_model
-from unsloth_prep.tokenization import UNSLOTH_TEMPLATES
+from unsloth_prep.tokenizer import UNSLOTH_TEMPLATES
 
 BOS = {"llama-3": "<|begin_of_text|>", "llama-3.1": "<|begin_of_text|>", "mistral": "<s>", "gemma": "<bos>",
        "gemma-3": "<bos>"}
@@ -54,7 +54,7 @@ def digests(tok, out, key):
 
 LEAN = DATA + r'''
 import sys
-from unsloth_prep.tokenization import LeanTokenizer, load_tokenizer, resolve_templates
+from unsloth_prep.tokenizer import LeanTokenizer, load_tokenizer, resolve_templates
 pairs = [(p, t) for key, p, t in CASES if t != "own"]
 resolve_templates(pairs)
 out = {}

@@ -10,8 +10,8 @@ import unsloth  # first: it patches transformers
 import json, random
 from transformers import AutoTokenizer
 from unsloth_prep.fixtures import iter_records, tiny_model
-from unsloth_prep.tokenization import (TRAIN_ON, TokenizeCounts, apply_template, tokenize_conversation,
-                                       verify_labels, ChatRenderer)
+from unsloth_prep.tokenization import TRAIN_ON, TokenizeCounts, tokenize_conversation, verify_labels, ChatRenderer
+from unsloth_prep.tokenizer import apply_template
 BOS = {"llama-3": "<|begin_of_text|>", "llama-3.1": "<|begin_of_text|>", "mistral": "<s>", "gemma": "<bos>", "gemma-3": "<bos>"}
 recs = list(iter_records(360, "openai", seed=11, empty_rate=0.05))
 data = []

@@ -25,7 +25,8 @@ def prepared(tmp_path_factory):
     "A small prepared Parquet (and its packed twin) from generated conversations and the tiny model's tokenizer."
     from unsloth_prep.collators import pack_parquet
     from unsloth_prep.fixtures import iter_records, tiny_model
-    from unsloth_prep.tokenization import load_tokenizer, prepare
+    from unsloth_prep.tokenizer import load_tokenizer
+    from unsloth_prep.tokenization import prepare
     d = tmp_path_factory.mktemp("train")
     model = str(tiny_model())
     s = prepare(iter_records(96, "openai", seed=3), load_tokenizer(model), d / "prepared.parquet", max_seq_length=256)

@@ -304,12 +304,12 @@ def no_trainable_tokens(ctx: Context):
     detail = f"{n} of {ctx.scan['rows']} rows have every label -100 (rows {rows[:10]})"
     return hit(detail, where=rows[0] if rows else None, n=n)
 
-# %% ../nbs/06b_checks.ipynb #1a8e49cb
+# %% ../nbs/06b_checks.ipynb #c7f08dbe
 @register("truncated", "warning", "rows longer than max_seq_length: cut, trainable tokens lost",
           "raise `max_seq_length`", needs=("scan", "max_seq_length"))
 def truncated(ctx: Context):
     "Fires when scanned rows are longer than the max_seq_length in use; the fix names p95 rounded up."
-    from unsloth_prep.tokenization import round_up
+    from unsloth_prep.base import round_up
     lengths, L = ctx.scan.get("lengths") or [], int(ctx.max_seq_length)
     over = sum(n > L for n in lengths)
     if not over: return None

@@ -11,15 +11,15 @@ from .memory import own_peak_mb
 # %% auto #0
 __all__ = ['COMMANDS', 'TASKS', 'top_parser', 'task_of', 'command_parser', 'peak_rss_mb', 'finish', 'main']
 
-# %% ../nbs/10_cli.ipynb #e94f9bae
+# %% ../nbs/10_cli.ipynb #79d04305
 COMMANDS = {
     "demo": ("unsloth_prep.demo", "run the whole pipeline on generated data and write a memory report"),
     "generate": ("unsloth_prep.fixtures", "write generated data: conversations, text corpora or preference pairs"),
     "tiny-model": ("unsloth_prep.fixtures", "build the tiny local Llama + BPE tokenizer into DIR"),
     "inspect": ("unsloth_prep.loading", "stream a dataset once: format, columns, records, malformed lines"),
-    "convert": ("unsloth_prep.convert", "JSONL / JSON array to Parquet in bounded memory, with a rejects file"),
-    "stats": ("unsloth_prep.tokenization", "token length statistics and a suggested max_seq_length"),
-    "prepare": ("unsloth_prep.tokenization", "tokenize into Parquet (--task sft, pretrain, dpo, orpo, kto)"),
+    "convert": ("unsloth_prep.pipeline", "JSONL / JSON array to Parquet in bounded memory, with a rejects file"),
+    "stats": ("unsloth_prep.pipeline", "token length statistics and a suggested max_seq_length"),
+    "prepare": ("unsloth_prep.pipeline", "tokenize into Parquet (--task sft, pretrain, dpo, orpo, kto)"),
     "pack": ("unsloth_prep.collators", "pack tokenized Parquet (file or shard folder) into full rows, bounded memory"),
     "plan": ("unsloth_prep.oom", "VRAM estimate and recommended settings for a GPU"),
     "train": ("unsloth_prep.training", "train LoRA with Unsloth from a YAML config (SFT, pretraining, DPO/ORPO/KTO)"),
@@ -38,13 +38,13 @@ def top_parser() -> argparse.ArgumentParser:
         sub.add_parser(name, help=help_, add_help=False)
     return p
 
-# %% ../nbs/10_cli.ipynb #a92fe86b
+# %% ../nbs/10_cli.ipynb #90ec659a
 TASKS = {
-    "sft": ("unsloth_prep.tokenization", "prepare"),
-    "pretrain": ("unsloth_prep.pretrain", "pretrain"),
-    "dpo": ("unsloth_prep.preference", "preference"),
-    "orpo": ("unsloth_prep.preference", "preference"),
-    "kto": ("unsloth_prep.preference", "preference"),
+    "sft": ("unsloth_prep.pipeline", "prepare"),
+    "pretrain": ("unsloth_prep.pipeline", "pretrain"),
+    "dpo": ("unsloth_prep.pipeline", "preference"),
+    "orpo": ("unsloth_prep.pipeline", "preference"),
+    "kto": ("unsloth_prep.pipeline", "preference"),
 }
 
 def task_of(argv: list) -> str:

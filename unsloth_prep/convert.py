@@ -15,9 +15,8 @@ from .memory import MB, own_peak_mb, run_code
 
 # %% auto #0
 __all__ = ['PEERS', 'iter_line_blocks', 'scan_lines', 'merge_types', 'merge_schema', 'to_json_text', 'conform', 'ConvertState',
-           'parse_block', 'PartWriter', 'default_rejects_path', 'convert', 'convert_args', 'convert_main',
-           'parquet_files', 'load_parquet', 'readback_scan', 'peer_config', 'benchmark_converters', 'format_table',
-           'plot_benchmark']
+           'parse_block', 'PartWriter', 'default_rejects_path', 'convert', 'parquet_files', 'load_parquet',
+           'readback_scan', 'peer_config', 'benchmark_converters', 'format_table', 'plot_benchmark']
 
 # %% ../nbs/03_convert.ipynb #01f86acd
 def iter_line_blocks(path, block_bytes: int = 2 << 20, start: int = 0, end: int | None = None):
@@ -587,40 +586,6 @@ def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | N
             except BaseException: pass
         shutil.rmtree(tmp, ignore_errors=True)
     return _summary(st, time.perf_counter() - t0, size, fmt, dst, files, rejects)
-
-# %% ../nbs/03_convert.ipynb #1fcfee20
-def convert_args(p):
-    "Arguments of `unsloth-prep convert`."
-    p.add_argument("src", help="JSONL (optionally .gz/.bz2/.xz/.zst) or JSON array file")
-    p.add_argument("dst", help="output .parquet file, or a folder of parts with --rows-per-file")
-    p.add_argument("--rejects", default=None, help="rejects JSONL (default: next to DST, DST.rejects.jsonl)")
-    p.add_argument("--strict", action="store_true", help="stop at the first malformed line (error names file and line)")
-    p.add_argument("--rows-per-file", type=int, default=None, help="shard the output: at most N rows per file")
-    p.add_argument("--compression", default="zstd", help="Parquet codec: zstd (default), snappy, gzip, lz4, none")
-    p.add_argument("--compression-level", type=int, default=None)
-    p.add_argument("--batch-rows", type=int, default=100_000, help="max rows per row group")
-    p.add_argument("--row-group-mb", type=float, default=4, help="max in-memory MB per row group")
-    p.add_argument("--block-mb", type=float, default=2, help="input block size in MB")
-    p.add_argument("--format", default="auto", choices=["auto", "jsonl", "json_array"])
-    p.add_argument("--overwrite", action="store_true", help="replace DST if it exists")
-    from unsloth_prep.parallel import scale_args
-    scale_args(p)  # --workers, --engine, --no-progress
-
-# %% ../nbs/03_convert.ipynb #331f275c
-def convert_main(args) -> dict:
-    "Run `unsloth-prep convert` (in parallel with `--workers N` or `--engine ray`): print a report, return the summary."
-    from unsloth_prep.parallel import convert_sharded
-    r = convert_sharded(args) or convert(
-        args.src, args.dst, rejects=args.rejects, strict=args.strict, rows_per_file=args.rows_per_file,
-        compression=args.compression, compression_level=args.compression_level, row_group_rows=args.batch_rows,
-        row_group_mb=args.row_group_mb, block_mb=args.block_mb, fmt=args.format, overwrite=args.overwrite,
-        progress=not args.no_progress)
-    print(f"{r['lines']:,} lines -> {r['rows']:,} rows, {r['rejected']:,} rejected, {r['blank']:,} blank; "
-          f"{r['input_bytes'] / MB:,.0f} MB in {r['seconds']:.1f} s ({r['mb_per_s']:.0f} MB/s) -> {r['output']}")
-    if r["rejected"]:
-        print(f"rejected lines (first {len(r['first_rejected_lines'])}): {r['first_rejected_lines']} -> {r['rejects']}")
-    if r["coerced"]: print(f"values stored as JSON text because their type changed: {r['coerced']}")
-    return r
 
 # %% ../nbs/03_convert.ipynb #7ea0fce1
 def parquet_files(path) -> list:

@@ -47,7 +47,7 @@ def trl_prepare(pairs, path):
 
 def ours_prepare(pairs, path, out):
     from unsloth_prep.preference import prepare_preference
-    from unsloth_prep.tokenization import load_tokenizer
+    from unsloth_prep.tokenizer import load_tokenizer
     t0 = time.perf_counter()
     s = prepare_preference(pairs, load_tokenizer(path), out)
     return time.perf_counter() - t0, s

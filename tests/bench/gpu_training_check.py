@@ -60,7 +60,8 @@ def main(argv=None):
         sys.exit("no CUDA device: run on a GPU, or pass --cpu-smoke for a scaled-down dry run")
     from datasets import Dataset
     from unsloth_prep.fixtures import iter_records
-    from unsloth_prep.tokenization import load_tokenizer, prepare
+    from unsloth_prep.tokenizer import load_tokenizer
+    from unsloth_prep.tokenization import prepare
     from unsloth_prep.training import train
     t0 = time.perf_counter()
     small = a.cpu_smoke

@@ -1,0 +1,52 @@
+"""The package is a house with one direction: every import (module level, inside a function, or a module loaded by
+name) points to a module lower in LAYERS. Checked with the `ast` module on the generated package."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PKG = ROOT / "unsloth_prep"
+# bottom first: utilities, readers, tokenizers and builders per task, checks, the executor, training, commands
+LAYERS = ["memory", "base", "fixtures", "loading", "convert", "collators", "tokenizer", "tokenization", "checks",
+          "preference", "pretrain", "vision", "lifecycle", "config", "oom", "parallel", "pipeline", "doctor",
+          "training", "demo", "cli"]
+MODULES = sorted(p.stem for p in PKG.glob("*.py") if not p.name.startswith("_"))
+
+
+def imported_modules(src: str, own: str) -> set:
+    "Our modules that `src` imports: `from . import x`, `from .x import y`, `unsloth_prep.x`, and names in strings."
+    found = set()
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ImportFrom):
+            base = (f"unsloth_prep.{node.module}" if node.module else "unsloth_prep") if node.level else node.module or ""
+            if base == "unsloth_prep": found |= {a.name for a in node.names}
+            elif base.startswith("unsloth_prep."): found.add(base.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("unsloth_prep.")}
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("unsloth_prep."):
+            found.add(node.value.split(".")[1])  # importlib.import_module("unsloth_prep.x") and command tables
+    return {m for m in found if m in MODULES and m != own}
+
+
+def upward(module: str) -> list:
+    "Imports of `module` that reach a module at or above its own layer."
+    here = LAYERS.index(module)
+    deps = imported_modules((PKG / f"{module}.py").read_text(), module)
+    return sorted(d for d in deps if d not in LAYERS or LAYERS.index(d) > here)
+
+
+def test_the_check_can_fail():
+    src = "from .pipeline import x\nimport unsloth_prep.cli\ndef f():\n    from unsloth_prep import training\n"
+    assert imported_modules(src, "base") == {"pipeline", "cli", "training"} & set(MODULES)
+    assert imported_modules('importlib.import_module("unsloth_prep.demo")', "cli") == {"demo"}
+
+
+def test_every_module_has_a_layer():
+    assert sorted(set(MODULES) - set(LAYERS)) == []
+
+
+@pytest.mark.parametrize("module", [m for m in LAYERS if m in MODULES])
+def test_imports_point_down(module):
+    if module == "cli": return  # the entry point loads every command's module by name: it is the top
+    assert upward(module) == [], f"{module} imports modules above it: {upward(module)}"
