@@ -8,6 +8,7 @@ import yaml
 
 from clitools import last_json, run
 from unsloth_prep.checks import CHECKS, Context, run_checks
+import unsloth_prep.oom  # noqa: F401  (registers the config checks that need the memory estimate)
 from unsloth_prep.config import load_config
 from unsloth_prep.fixtures import write_records
 

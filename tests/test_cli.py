@@ -78,4 +78,4 @@ def test_prepare_routes_by_task(tmp_path):
                         tmp_path / "d.parquet", "--task=dpo"))
     assert dpo["task"] == "dpo" and dpo["rows"] == 1
     bad = run("unsloth-prep", "prepare", tmp_path / "p.jsonl", "--task", "rlhf", check=False)
-    assert bad.returncode == 2 and "choose from sft, pretrain, dpo, orpo, kto" in bad.stderr
+    assert bad.returncode == 2 and "invalid choice: 'rlhf'" in bad.stderr and "'pretrain'" in bad.stderr

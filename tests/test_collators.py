@@ -70,11 +70,11 @@ def test_pack_parquet_is_atomic(tmp_path, monkeypatch):
     pq.write_table(pa.Table.from_pylist(rows), src)
     import unsloth_prep.collators as c
 
-    def boom(path, *a, **kw):
-        Path(path).write_bytes(b"PAR1 half")
-        raise OSError("disk full")
+    def boom(sink, *a, **kw):  # the disk fills up half way through the output
+        Path(sink.tmp).write_bytes(b"PAR1 half")
+        raise OSError(28, "No space left on device")
     monkeypatch.setattr(c, "_write_groups", boom)
-    with pytest.raises(OSError):
+    with pytest.raises(ValueError, match="packed.parquet: cannot write: No space left on device"):
         pack_parquet(src, dst, 256)
     assert list(tmp_path.iterdir()) == [src]                 # no output, no temp file and no run files after a crash
     monkeypatch.undo()
@@ -247,7 +247,9 @@ def test_pack_parquet_bounded_same_bytes_as_memory(tmp_path, overflow):
     pq.write_table(table, tmp_path / "tok.parquet", row_group_size=97)
     st = pack_parquet(tmp_path / "tok.parquet", tmp_path / "bounded.parquet", 300, overflow=overflow, row_group_rows=16)
     packed, ref = pack_table(table, 300, overflow=overflow)
-    pq.write_table(packed, tmp_path / "memory.parquet", row_group_size=16)
+    settings = json.dumps({"packed": True, "max_seq_length": 300}).encode()   # what pack records (no prepare settings)
+    pq.write_table(packed.replace_schema_metadata({b"unsloth_prep": settings}), tmp_path / "memory.parquet",
+                   row_group_size=16)
     assert (tmp_path / "bounded.parquet").read_bytes() == (tmp_path / "memory.parquet").read_bytes()
     assert {k: st[k] for k in ref} == ref
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []    # no run files left

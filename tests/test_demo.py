@@ -63,7 +63,7 @@ def test_demo_dpo(tmp_path):
     assert found["preference_empty_response"] == len(planted["empty_response"]) > 0
     assert found["response_repeats_prompt"] == len(planted["repeats_prompt"]) > 0
     prep = stages["prepare"]["summary"]
-    assert prep["task"] == "dpo" and prep["rows"] > 0 and prep["rows"] + prep["dropped"] == prep["examples"] == 200
+    assert prep["task"] == "dpo" and prep["rows"] > 0 and prep["rows"] + prep["dropped"] == prep["records"] == 200
     assert len(summary["losses"]) == 12 and Path(summary["artefacts"]["prepared"]).exists()
     assert stages["train"]["summary"]["batches"]["exact"], "the trainer must read the prepared token ids as they are"
 
@@ -74,7 +74,7 @@ def test_demo_pretrain(tmp_path):
     gen, prep = stages["generate"]["summary"], stages["prepare"]["summary"]
     # blocks were written; the malformed line was skipped into the rejects file, not lost
     assert prep["blocks"] > 0 and prep["block_size"] == 128 and Path(summary["artefacts"]["blocks"]).exists()
-    assert prep["rejected_lines"] == gen["malformed_lines"] and len(gen["malformed_lines"]) > 0
+    assert prep["first_rejected_lines"] == gen["malformed_lines"] and len(gen["malformed_lines"]) > 0
     assert Path(summary["artefacts"]["rejects"]).exists()
     assert summary["first_loss"] == summary["losses"][0] and summary["final_loss"] == summary["losses"][-1]
     assert report["loss_steps"] == [1, 12]

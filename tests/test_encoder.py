@@ -1,5 +1,5 @@
-"""The encoder choice (fastokens where a probe proves it equals `tokenizers`), masks from segments, columns from buffers,
-and an untrusted chat template bounded and reported (time, size, sandbox, syntax, the template's own errors)."""
+"""The encoder choice (fastokens where a probe proves it equals `tokenizers`), masks from segments, columns from
+buffers, and an untrusted chat template bounded and reported (time, size, sandbox, syntax, its own errors)."""
 import importlib.util, json, shutil, subprocess, sys, time
 from pathlib import Path
 
@@ -24,7 +24,8 @@ def edge_data():
     recs = list(iter_records(60, "openai", seed=4, empty_rate=0.05))
     out = [{"messages": r["messages"]} for r in recs[:40]]
     out += [{"messages": [dict(m, content="\n  " + m["content"] + " \n") for m in r["messages"]]} for r in recs[40:]]
-    out.append({"messages": [{"role": "user", "content": "数据 <b>ü</b>"}, {"role": "assistant", "content": "ça va 😀"}]})
+    out.append({"messages": [{"role": "user", "content": "数据 <b>ü</b>"},
+                             {"role": "assistant", "content": "ça va 😀"}]})
     return out
 
 
@@ -71,7 +72,7 @@ class Planted:
 
 def test_planted_difference_falls_back(monkeypatch, capsys):
     real = T._fast_tokenizer
-    monkeypatch.setattr(T, "_fast_tokenizer", lambda s: Planted(real(s)))
+    monkeypatch.setattr(T, "_fast_tokenizer", lambda *a: Planted(real(*a)))
     tok = load_tokenizer(tiny_model())
     assert tok.encoder == "tokenizers" and tok.probe["identical"] < tok.probe["texts"]
     assert "1234567890" in tok.probe["first_diff"]
@@ -107,9 +108,10 @@ def test_rows_identical_both_engines(mode, L):
     fast, ref = load_tokenizer(tiny_model()), load_tokenizer(tiny_model(), encoder="tokenizers")
     (a, ca), (b, cb) = columns(fast, data, train_on=mode, max_seq_length=L), columns(ref, data, train_on=mode,
                                                                                     max_seq_length=L)
-    assert a == b and len(a["input_ids"]) > 40
+    assert a == b and len(a["input_ids"]) > 20
     assert cb["reference_rows"] == 0 and ca["reference_rows"] < len(data)
-    assert {k: v for k, v in ca.items() if k != "reference_rows"} == {k: v for k, v in cb.items() if k != "reference_rows"}
+    same = lambda d: {k: v for k, v in d.items() if k != "reference_rows"}
+    assert same(ca) == same(cb)
 
 
 def test_unproven_rows_take_the_reference_path(monkeypatch):
@@ -130,7 +132,7 @@ def test_columns_from_buffers():
     ct = ChatTokenizer(load_tokenizer(tiny_model()))
     c = TokenizeCounts()
     preps = ct.render_batch(edge_data(), c)
-    cols = ct.rows(preps, ct.encode(preps), c)
+    cols = ct.columns(preps, ct.encode(preps), c)
     assert all(isinstance(v, pa.ListArray) and v.type == pa.list_(pa.int32()) for v in cols.values())
     ids, labels = cols["input_ids"].values.to_numpy(), cols["labels"].values.to_numpy()
     assert len(ids) == c.tokens and int((labels != -100).sum()) == c.trainable_tokens
@@ -157,7 +159,9 @@ def test_prepare_keeps_pandas_out(enc):
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     s = json.loads(p.stdout.strip().splitlines()[-1])
-    assert s == {"pandas": False, "encoder": enc, "rows": 300, "reference_rows": s["reference_rows"], "lost_parts": {}}
+    assert s == {"pandas": False, "encoder": enc, "rows": s["rows"], "reference_rows": s["reference_rows"],
+                 "lost_parts": {}}
+    assert 100 < s["rows"] <= 300 and (s["reference_rows"] == 0 if enc == "tokenizers" else s["reference_rows"] < 100)
 
 
 BOMBS = {
@@ -236,3 +240,45 @@ def test_lost_parts_counted(tmp_path, capsys):
             "m.content + '<|im_end|>\n' }}{% endfor %}")
     s = prepare(data, load_tokenizer(folder_with(tmp_path, full, name="full")), tmp_path / "o2.parquet")
     assert s["lost_parts"] == {}
+
+
+def test_pretraining_blocks_same_with_each_engine(tmp_path):
+    import pyarrow.parquet as pq
+    from unsloth_prep.fixtures import write_corpus
+    from unsloth_prep.pretrain import prepare_pretrain, tokenize_documents
+    write_corpus(tmp_path / "c.jsonl", 200, seed=3)
+    got = {}
+    for enc in ("fastokens", "tokenizers"):
+        s = prepare_pretrain(tmp_path / "c.jsonl", tiny_model(), tmp_path / f"{enc}.parquet", 128, encoder=enc)
+        d = tokenize_documents(tmp_path / "c.jsonl", load_tokenizer(tiny_model(), encoder=enc),
+                               tmp_path / f"d-{enc}.parquet")
+        assert s["encoder"] == d["encoder"] == enc and s["tokens"] > 10_000
+        got[enc] = [pq.read_table(tmp_path / f"{x}{enc}.parquet").to_pydict() for x in ("", "d-")]
+    assert got["fastokens"] == got["tokenizers"]
+
+
+@pytest.mark.parametrize("form", ["pairs", "kto"])
+def test_preference_rows_same_with_each_engine(tmp_path, form):
+    import pyarrow.parquet as pq
+    from unsloth_prep.fixtures import write_pairs
+    from unsloth_prep.preference import prepare_preference
+    write_pairs(tmp_path / "p.jsonl", 150, form=form, seed=2)
+    got = {}
+    for enc in ("fastokens", "tokenizers"):
+        s = prepare_preference(tmp_path / "p.jsonl", str(tiny_model()), tmp_path / f"{enc}.parquet", max_length=200,
+                               encoder=enc)
+        assert s["encoder"] == enc and s["rows"] > 50
+        got[enc] = pq.read_table(tmp_path / f"{enc}.parquet").to_pydict()
+    assert got["fastokens"] == got["tokenizers"]
+
+
+def test_stats_same_with_each_engine(tmp_path):
+    from unsloth_prep.fixtures import write_records
+    from unsloth_prep.tokenization import collect_stats
+    write_records(tmp_path / "c.jsonl", n=200, fmt="openai", seed=9, empty_rate=0.05)
+    runs = [collect_stats(tmp_path / "c.jsonl", load_tokenizer(tiny_model(), encoder=enc))
+            for enc in ("fastokens", "tokenizers")]
+    (fa, ca, _), (fb, cb, _) = runs
+    arrays = lambda st: [list(x) for x in (st.total, st.trainable, st.min_len)]
+    assert arrays(fa) == arrays(fb)
+    assert fa.summary() == fb.summary() and ca.rows_out == cb.rows_out > 150

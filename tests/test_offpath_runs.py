@@ -18,9 +18,12 @@ CLI = (shutil.which("unsloth-prep"),) if shutil.which("unsloth-prep") else (
     sys.executable, "-c", "import sys; from unsloth_prep.cli import main; sys.exit(main())")
 
 
-def cli(*args, check=False, timeout=300):
-    "Run `unsloth-prep ARGS` in a fresh process (exit status not checked unless asked)."
-    return run(*CLI, *args, check=check, timeout=timeout)
+OFFLINE = {**os.environ, "HF_HUB_OFFLINE": "1"}  # no network at test time: a Hub name fails at once, no retries
+
+
+def cli(*args, timeout=300):
+    "Run `unsloth-prep ARGS` in a fresh process, offline (the exit status is the caller's to check)."
+    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=timeout, env=OFFLINE)
 
 
 def digest(path) -> str:
@@ -131,7 +134,7 @@ def with_fault(fault: str, *args, timeout=120):
         sys.exit(main(sys.argv[1:]))
     """)
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=OFFLINE)
 
 
 def test_pack_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path):
@@ -149,11 +152,10 @@ def small_fs(tmp_path):
     "A 256 KiB tmpfs (a really full disk) when this process may mount one; None otherwise."
     d = tmp_path / "small"
     d.mkdir()
-    if os.geteuid() != 0: return None
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)], capture_output=True).returncode:
-        return None
-    yield d
-    subprocess.run(["umount", str(d)], capture_output=True)
+    mounted = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)],
+                                                   capture_output=True).returncode == 0
+    yield d if mounted else None
+    if mounted: subprocess.run(["umount", str(d)], capture_output=True)
 
 
 def test_pack_on_a_really_full_tmpfs(tmp_path, small_fs):
@@ -262,7 +264,20 @@ def test_train_refuses_a_bad_config_in_one_line(tmp_path, name):
     sets = [a for k, v in overrides.items() for a in ("--set", f"{k}={v}")]
     p = cli("train", f, *sets, timeout=60)
     refused(p, "run.yaml", *words)
-    assert "hacked" not in p.stdout
+    assert "hacked" not in p.stdout.splitlines()
+
+
+@pytest.mark.parametrize("value, words", [('!!python/object/apply:os.system ["echo hacked"]', ["python/object"]),
+                                          ("[&a [x, x, x, x, x, x, x, x, x, x], " + ", ".join(["[*a, *a, *a, *a, *a]"] * 3)
+                                           + "]", []),
+                                          ("{unclosed: [", ["not valid YAML"])])
+def test_train_set_values_are_read_safely(tmp_path, value, words):
+    f = tmp_path / "run.yaml"
+    f.write_text(yaml.safe_dump(GOOD))
+    p = cli("train", f, "--set", f"lora.modules_to_save={value}", timeout=60)
+    assert "hacked" not in p.stdout.splitlines()
+    if words: refused(p, "--set", *words)
+    else: refused(p, "lora.modules_to_save", "list of strings")  # small aliases are read; the nested list is refused
 
 
 def test_the_raw_data_keys_share_the_training_schema(tmp_path):
@@ -302,12 +317,15 @@ def _train_cfg(prepared, name="run.yaml", **kw) -> Path:
     return f
 
 
-@pytest.mark.parametrize("change, key, theirs, ours", [
-    (dict(max_seq_length=256), "max_seq_length", "128", "256"),
-    (dict(template="chatml"), "template", "None", "chatml"),
-    (dict(task="dpo"), "task", "sft", "dpo"),
-])
+MISMATCHES = [(dict(max_seq_length=256), "max_seq_length", "128", "256"),
+              (dict(template="chatml"), "template", "None", "chatml"),
+              (dict(task="dpo"), "task", "sft", "dpo"),
+              (dict(model={"name": "unsloth/Llama-3.2-1B-Instruct"}), "model.name", "tiny-llama", "Llama-3.2-1B")]
+
+
+@pytest.mark.parametrize("change, key, theirs, ours", MISMATCHES)
 def test_train_stops_when_config_and_prepared_data_disagree(prepared, change, key, theirs, ours):
+    # the settings `prepare` itself recorded (base.prepared_settings of the CLI's output)
     f = _train_cfg(prepared, f"mismatch_{key}.yaml", **change)
     t0 = time.perf_counter()
     p = cli("train", f, timeout=120)
@@ -316,10 +334,23 @@ def test_train_stops_when_config_and_prepared_data_disagree(prepared, change, ke
     assert not (prepared["dir"] / f"mismatch_{key}" / "adapter").exists(), line
 
 
+@pytest.mark.parametrize("change, key, theirs, ours", MISMATCHES)
+def test_train_compares_the_recorded_settings(tmp_path, change, key, theirs, ours):
+    # the same check on settings written the way base.prepared_settings reads them (Parquet key-value metadata)
+    from unsloth_prep.base import ParquetSink
+    model = str(tiny_model())
+    data = tmp_path / "prepared.parquet"
+    with ParquetSink(data, metadata={"task": "sft", "template": None, "max_seq_length": 128, "tokenizer": model}) as s:
+        s.write(pa.table({"input_ids": [[1, 2, 3]], "labels": [[-100, 2, 3]]}))
+    cfg = {"data": {"path": "prepared.parquet"}, "model": {"name": model}, "max_seq_length": 128,
+           "output_dir": "run", "generate": None, **change}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(cfg))
+    refused(cli("train", tmp_path / "run.yaml", timeout=120), "prepared.parquet", key, theirs, ours)
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_with_max_steps_minus_one_trains_the_epochs_and_says_so(prepared):
-    from unsloth_prep.base import prepared_settings
     rows = pq.ParquetFile(prepared["data"]).metadata.num_rows
-    assert prepared_settings(prepared["data"])["max_seq_length"] == 128
     f = _train_cfg(prepared, "epochs.yaml", trainer={"max_steps": -1, "num_train_epochs": 1,
                                                       "per_device_train_batch_size": 4, "warmup_steps": 0})
     p = cli("train", f, timeout=600)

@@ -169,4 +169,4 @@ def test_convert_workers_schema_drift_across_ranges(tmp_path):
     assert many["shards"] == 5
     assert pq.read_table(shard_paths(tmp_path / "many")).equals(pq.read_table(tmp_path / "one.parquet"))
     assert (many["coerced"], many["json_text_fields"]) == (one["coerced"], one["json_text_fields"])
-    assert one["coerced"] == {"id": 600, "tags": 300}          # the ints of id and the lists of tags, as JSON text
+    assert one["coerced"] == {"id": 600, "tags": 300, "n": 300}  # id's ints and tags' lists as JSON text; n's ints as floats

@@ -88,8 +88,7 @@ def test_every_row_every_template(tokenizers, tmp_path, template):
 CLI = """
 import sys
 from unsloth_prep import cli
-cli.COMMANDS["preference"] = ("unsloth_prep.preference", "prepare preference data")
-sys.exit(cli.main(["preference"] + sys.argv[1:]))
+sys.exit(cli.main(["prepare", "--task", "auto"] + sys.argv[1:]))
 """
 
 

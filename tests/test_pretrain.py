@@ -8,10 +8,9 @@ import pytest
 from clitools import last_json, run
 
 _MAIN = """
-import argparse, json, sys
-from unsloth_prep.pipeline import pretrain_args, pretrain_main
-s = pretrain_main(pretrain_args(argparse.ArgumentParser()).parse_args(sys.argv[1:]))
-print(json.dumps(s))
+import sys
+from unsloth_prep.cli import main
+sys.exit(main(["prepare", "--task", "pretrain"] + sys.argv[1:]))
 """
 
 

@@ -10,8 +10,7 @@ import pytest
 
 from unsloth_prep.fixtures import tiny_model, write_records
 from unsloth_prep.base import MANIFEST, Progress, shard_paths
-from unsloth_prep.parallel import _run_local, rows_digest, run_prepare_sharded
-from unsloth_prep.pipeline import prepare_sharded, scale_args
+from unsloth_prep.parallel import _run_local, build_dir, rows_digest, run_prepare_sharded
 from unsloth_prep.tokenizer import load_tokenizer
 from unsloth_prep.tokenization import prepare
 
@@ -69,19 +68,18 @@ def test_glob_and_parquet_row_groups(corpus):
     assert rows_digest(shard_paths(d / "pq")) == rows_digest(d / "single_a.parquet")
 
 
-def test_bad_line_fails_with_original_line_and_no_manifest(corpus):
+def test_bad_line_fails_with_original_line_and_keeps_the_previous_output(corpus):
     d = corpus["d"]
     out = d / "fail"
-    out.mkdir()
-    (out / MANIFEST).write_text("{}")                    # an older complete-looking run must not survive a failure
-    (out / "part-00007.parquet").write_bytes(b"old")
+    run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], out, workers=2, on_error="skip")
+    before = (sorted(os.listdir(out)), rows_digest(shard_paths(out)))
     with pytest.raises(ValueError) as e:
         run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], out, workers=2)
     msg = str(e.value)
     assert msg.startswith(str(d / "in" / "a.jsonl")) and int(re.search(r"line (\d+)", msg)[1]) in corpus["a"]["malformed_lines"]
-    assert list(out.iterdir()) == []
+    assert (sorted(os.listdir(out)), rows_digest(shard_paths(out))) == before   # nothing new, the old output whole
     with pytest.raises(ValueError, match="incomplete"):
-        shard_paths(out)
+        shard_paths(build_dir(out))
 
 
 def die(job, q):
@@ -103,14 +101,12 @@ def test_progress_quiet_off_terminal(capsys):
 
 def test_cli_helper_pack(corpus, tmp_path):
     import argparse
-    from unsloth_prep.pipeline import prepare_args
-    p = argparse.ArgumentParser()
-    prepare_args(p)
-    if not any(a.dest == "workers" for a in p._actions): scale_args(p)
+    from unsloth_prep.pipeline import prepare_args, prepare_main
+    p = prepare_args(argparse.ArgumentParser())
     args = p.parse_args([str(corpus["d"] / "in" / "a.jsonl"), "--tokenizer", str(corpus["tok"]), "--out",
                          str(tmp_path / "packed.parquet"), "--on-error", "skip", "--workers", "2", "--pack",
-                         "--max-seq-length", "512", "--no-progress"])
-    s = prepare_sharded(args)
+                         "--max-seq-length", "512", "--no-progress", "--rejects", str(tmp_path.parent / "r.jsonl")])
+    s = prepare_main(args)
     from unsloth_prep.collators import pack_parquet
     ref = pack_parquet(corpus["d"] / "single_a.parquet", tmp_path / "ref.parquet", 512)
     assert s["pack"]["rows"] == ref["rows"] and sorted(os.listdir(tmp_path)) == ["packed.parquet", "ref.parquet"]
@@ -169,7 +165,7 @@ def test_convert_workers_cli(corpus, tmp_path):
     assert p.returncode == 2 and f"a.jsonl: line {first}:" in p.stderr and "Traceback" not in p.stderr
     assert not (tmp_path / "strict").exists() and sorted(os.listdir(tmp_path)) == ["conv", "conv.rejects.jsonl"]
     p = run(tmp_path / "rpf", "--rows-per-file", "10")
-    assert p.returncode == 2 and "rows_per_file" in p.stderr
+    assert p.returncode == 2 and "--rows-per-file" in p.stderr
 
 
 def test_prepare_and_stats_progress_count_megabytes(corpus, tmp_path, capsys):

@@ -86,7 +86,8 @@ def test_prepare_cli(model, data, tmp_path, tok):
     rep = verify_labels(rows, tok)
     assert rep.ok, rep
     assert check_trained_text(rows, source_conversations(path), tok) == s["rows"]
-    assert not [p for p in out.parent.iterdir() if p.name != "train.parquet"], "temp file left behind"
+    assert sorted(p.name for p in out.parent.iterdir()) == ["train.parquet", "train.rejects.jsonl"], "temp file left"
+    assert len((out.parent / "train.rejects.jsonl").read_text().splitlines()) == s["rejected"] == Path(s["rejects"]).read_text().count("\n")
 
 
 def test_prepare_cli_errors(model, data, tmp_path):

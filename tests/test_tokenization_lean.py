@@ -55,13 +55,15 @@ def digests(tok, out, key):
 LEAN = DATA + r'''
 import sys
 from unsloth_prep.tokenizer import LeanTokenizer, load_tokenizer, resolve_templates
+ENCODERS = ("fastokens", "tokenizers")
 pairs = [(p, t) for key, p, t in CASES if t != "own"]
 resolve_templates(pairs)
 out = {}
-for key, path, template in CASES:
-    tok = load_tokenizer(path, template)
-    assert isinstance(tok, LeanTokenizer)
-    digests(tok, out, key)
+for enc in ENCODERS:
+    for key, path, template in CASES:
+        tok = load_tokenizer(path, template, encoder=enc)
+        assert isinstance(tok, LeanTokenizer) and tok.encoder == enc, (key, enc, tok.encoder, tok.probe)
+        digests(tok, out, f"{enc}:{key}")
 import tempfile
 from pathlib import Path
 from unsloth_prep.fixtures import write_records
@@ -80,11 +82,12 @@ OLD = DATA + r'''
 import unsloth  # noqa: F401  (first, as Unsloth asks)
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import _compile_jinja_template
-import unsloth_prep.tokenization as T
-T.compile_template = _compile_jinja_template   # render exactly as transformers does
+import unsloth_prep.tokenization as T, unsloth_prep.tokenizer as TK
+T.compile_template = TK.compile_template = _compile_jinja_template   # render exactly as transformers does,
+T.ChatRenderer.render_many = lambda self, items: [self.render(*it) for it in items]   # one record at a time
 out = {}
 for key, path, template in CASES:
-    tok = T.apply_template(AutoTokenizer.from_pretrained(path), template)
+    tok = TK.apply_template(AutoTokenizer.from_pretrained(path), template)
     digests(tok, out, key)
 print("__RESULT__" + json.dumps(out))
 '''
@@ -127,14 +130,17 @@ def test_lean_imports_no_torch(results):
     assert lean["modules"] == [], lean["modules"]
 
 
-def test_lean_rows_identical(results, cases):
+@pytest.mark.parametrize("encoder", ["fastokens", "tokenizers"])
+def test_lean_rows_identical(results, cases, encoder):
+    """Every case, mode and length gives the transformers path's rows, with each encoder (fastokens chosen by hand)."""
     lean, old = results
     keys = [k for k in old if k != "modules"]
     assert len(keys) == len(cases) * 6 and all(old[k] for k in keys)
     for k in keys:
-        assert len(lean[k]) == len(old[k]), k
-        bad = [i for i, (a, b) in enumerate(zip(lean[k], old[k])) if a != b]
-        assert not bad, f"{k}: rows {bad[:10]} differ"
+        got = lean[f"{encoder}:{k}"]
+        assert len(got) == len(old[k]), k
+        bad = [i for i, (a, b) in enumerate(zip(got, old[k])) if a != b]
+        assert not bad, f"{encoder} {k}: rows {bad[:10]} differ"
 
 
 def test_real_tokenizers_present():

@@ -3,6 +3,7 @@ import json, subprocess, sys
 
 import pytest
 
+ENCODERS = ["fastokens", "tokenizers"]
 TEMPLATES = ["own", "chatml", "qwen-2.5", "llama-3", "llama-3.1", "mistral", "gemma", "gemma-3", "phi-3", "phi-4"]
 
 SCRIPT = r'''
@@ -22,11 +23,13 @@ for k in range(120):
     if kind == 2: m = [dict(x, content="\n  " + x["content"] + " \n") for x in m]
     if kind == 3 and m[0]["role"] != "system": m = [{"role": "system", "content": "You are helpful."}] + m
     data.append({"messages": m})
+from unsloth_prep.tokenizer import encoder_for
 out = {}
-for name in TEMPLATES:
+for enc, name in [(e, n) for e in ENCODERS for n in TEMPLATES]:
     tok = AutoTokenizer.from_pretrained(tiny_model())
     if name in BOS: tok.bos_token = BOS[name]
     tok = apply_template(tok, name)
+    assert encoder_for(tok, enc).name == enc
     res = {"bos": tok.bos_token, "eos": tok.eos_token}
     for mode in TRAIN_ON:
         c = TokenizeCounts()
@@ -49,22 +52,23 @@ for name in TEMPLATES:
         tr = [(x, r) for x, r in tr if r is not None]
         rep2 = verify_labels([r for _, r in tr], tok, [x for x, _ in tr], train_on=mode)
         res[mode].update(trunc_ok=rep2.ok, truncated=c2.truncated, trunc_max=max(len(r["input_ids"]) for _, r in tr))
-    out[name] = res
+    out[f"{enc}:{name}"] = res
 print("__RESULT__" + json.dumps(out))
 '''
 
 
 @pytest.fixture(scope="module")
 def results():
-    code = f"TEMPLATES = {TEMPLATES!r}\n" + SCRIPT
+    code = f"TEMPLATES = {TEMPLATES!r}\nENCODERS = {ENCODERS!r}\n" + SCRIPT
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.rsplit("__RESULT__", 1)[1])
 
 
+@pytest.mark.parametrize("encoder", ENCODERS)
 @pytest.mark.parametrize("name", TEMPLATES)
-def test_template_exact_labels(results, name):
-    r = results[name]
+def test_template_exact_labels(results, name, encoder):
+    r = results[f"{encoder}:{name}"]
     for mode in ("all-assistant", "last-assistant", "all"):
         m = r[mode]
         assert m["rows"] >= 110 and m["ok_rows"] == m["rows"], (mode, m)

@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 # %% auto #0
 __all__ = ['SEVERITIES', 'CHECKS', 'PROBE', 'MARKER_RE', 'HUGE_CHARS', 'Check', 'register', 'Finding', 'Context', 'hit',
-           'run_checks', 'findings_table', 'raise_on_errors', 'config_does_not_fit', 'bf16_unsupported',
-           'trust_remote_code', 'group_by_length', 'auto_find_batch_size', 'no_pad_token', 'pad_is_eos', 'rendered',
-           'no_chat_template', 'template_error', 'template_token_missing', 'eos_not_end_of_turn', 'bos_in_template',
-           'no_trainable_tokens', 'truncated', 'prerun_check']
+           'run_checks', 'findings_table', 'raise_on_errors', 'trust_remote_code', 'group_by_length',
+           'auto_find_batch_size', 'no_pad_token', 'pad_is_eos', 'rendered', 'no_chat_template', 'template_error',
+           'template_token_missing', 'eos_not_end_of_turn', 'bos_in_template', 'no_trainable_tokens', 'truncated',
+           'prerun_check']
 
 # %% ../nbs/06b_checks.ipynb #f22dcc76
 SEVERITIES = ("error", "warning", "info")  # error: the run fails or trains wrong; warning: likely wasted; info: a fact
@@ -109,53 +109,6 @@ def raise_on_errors(findings: list, source: str):
     "ValueError naming `source` and every error finding's code, detail and fix (warnings and info pass)."
     errors = [f for f in findings if f.severity == "error"]
     if errors: raise ValueError(f"{source}: " + "; ".join(f"{f.code}: {f.detail} (fix: {f.fix})" for f in errors))
-
-# %% ../nbs/06b_checks.ipynb #a7c0dfd6
-def _fit_inputs(cfg: dict) -> dict:
-    "Model, GPU, precision, batch, length, rank and checkpointing of a loaded config, as `oom.estimate` takes them."
-    m, lora, tr = cfg["model"], cfg["lora"], cfg["trainer"]
-    ckpt = lora["use_gradient_checkpointing"]
-    return dict(model=m["name"], gpu=m["gpu"], load="16bit" if m["load_in_4bit"] is False else "4bit",
-                seq_len=int(cfg["max_seq_length"]), batch_size=tr.get("per_device_train_batch_size"),
-                lora_rank=int(lora["r"]), checkpointing="unsloth" if ckpt in (None, "auto") else ckpt)
-
-# %% ../nbs/06b_checks.ipynb #81052cb5
-@register("config_does_not_fit", "error",
-          "the config's estimated GPU memory exceeds the GPU it names: CUDA out of memory",
-          "use the settings `unsloth-prep plan --config CONFIG` recommends", needs=("cfg",))
-def config_does_not_fit(ctx: Context):
-    "Fires when the estimate for the config exceeds the usable memory of `model.gpu`."
-    from unsloth_prep.oom import estimate, fits, gpu_spec, recommend
-    f = _fit_inputs(ctx.cfg)
-    if not f["gpu"]: return None
-    g = gpu_spec(f["gpu"])
-    try: rec = recommend(f["model"], g, max_seq_length=f["seq_len"], lora_rank=f["lora_rank"])
-    except (ValueError, FileNotFoundError): return None  # an architecture we cannot read offline: nothing to estimate
-    bs = int(f["batch_size"] or rec["sft_config"]["per_device_train_batch_size"])
-    est = estimate(f["model"], load=f["load"], batch_size=bs, seq_len=f["seq_len"], lora_rank=f["lora_rank"],
-                   checkpointing=f["checkpointing"], dtype="bf16" if g["bf16"] else "fp16")
-    ctx.info["config"] = {"model": str(f["model"]), "gpu": g["name"], "estimated_gb": round(est.total_gb, 2),
-                          "vram_gb": g["vram_gb"], "load": f["load"], "batch_size": bs, "seq_len": f["seq_len"]}
-    if fits(est, g): return None
-    sc, four = rec["sft_config"], str(rec["from_pretrained"]["load_in_4bit"]).lower()
-    still = "" if rec["fits"] else ", still too big: " + "; ".join(rec["notes"][:1])
-    fix = (f"model.load_in_4bit: {four}, trainer.per_device_train_batch_size: {sc['per_device_train_batch_size']}, "
-           f"trainer.gradient_accumulation_steps: {sc['gradient_accumulation_steps']} "
-           f"(estimate {rec['estimated_gb']} GiB{still})")
-    return hit(f"{f['model']} {f['load']}, batch {bs} x {f['seq_len']} tokens: estimate {est.total_gb:.1f} GiB > "
-               f"{g['name']} {g['vram_gb']} GiB usable", where="config", fix=fix)
-
-# %% ../nbs/06b_checks.ipynb #75da9a16
-@register("bf16_unsupported", "error", "model.dtype is bfloat16 but the GPU has no bf16: the trainer refuses to start",
-          "model.dtype: auto (float16 on this GPU)", needs=("cfg",))
-def bf16_unsupported(ctx: Context):
-    "Fires when `model.dtype` is bfloat16 and `model.gpu` names a GPU known to lack bf16."
-    from unsloth_prep.oom import gpu_spec
-    gpu = ctx.cfg["model"]["gpu"]
-    if ctx.cfg["model"]["dtype"] != "bfloat16" or not gpu: return None
-    g = gpu_spec(gpu)
-    if g["bf16"] or g.get("capability") is None: return None  # a size-only GPU: bf16 unknown
-    return hit(f"{g['name']} (CUDA capability {g['capability']}) has no bf16", where="model.dtype")
 
 # %% ../nbs/06b_checks.ipynb #817fc3ac
 @register("trust_remote_code", "warning", "model.trust_remote_code runs code from the model repository",

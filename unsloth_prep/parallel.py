@@ -13,7 +13,7 @@ from .base import MANIFEST, Progress
 
 # %% auto #0
 __all__ = ['shard_specs', 'shard_records', 'prepare_shard', 'input_identity', 'write_manifest', 'rows_digest', 'worker_info',
-           'run_prepare_sharded', 'convert_shard', 'run_convert_sharded']
+           'job_key', 'run_shards', 'run_prepare_sharded', 'convert_shard', 'run_convert_sharded']
 
 # %% ../nbs/04a_scale.ipynb #f3bf60c1
 def _row_group_parts(spec: dict, k: int) -> list[dict]:
@@ -44,21 +44,21 @@ def shard_specs(data, n: int) -> list[dict]:
     for s in specs: out += _row_group_parts(s, per_file) if s["kind"] == "parquet" else [s]
     return out
 
-# %% ../nbs/04a_scale.ipynb #3754ab4d
-def shard_records(spec: dict, fmt: str, on_error: str = "raise", rejects=None, tick=None):
+# %% ../nbs/04a_scale.ipynb #1c1ac474
+def shard_records(spec: dict, fmt: str, on_error: str = "raise", rejects=None, tick=None, mapping=None):
     "Conversation records of one shard spec; bad lines raise or go to `rejects` with their file and line."
     unit = UNIT[spec["kind"]]
     for n, raw in iter_file(spec, on_error, rejects):
         if tick is not None: tick(raw)
         try:
-            yield normalize_record(raw, fmt)
+            yield normalize_record(raw, fmt, mapping)
         except ValueError as e:
             if on_error == "raise": raise ValueError(f"{spec['path']}: {unit} {n}: {e}") from None
             rejects.add(spec["path"], n, e, json.dumps(raw, ensure_ascii=False, default=str)[:500], unit)
 
-# %% ../nbs/04a_scale.ipynb #bda80e05
+# %% ../nbs/04a_scale.ipynb #2642f52f
 def prepare_shard(spec: dict, tokenizer, out, fmt: str, on_error: str = "raise", rejects_path=None,
-                  on_progress=None, **prepare_kw) -> dict:
+                  on_progress=None, mapping: dict | None = None, **prepare_kw) -> dict:
     "Tokenize and mask one shard into Parquet `out`; its summary with rejects (file, line, reason) and the source."
     from unsloth_prep.tokenization import prepare
     rej = Rejects(path=rejects_path, keep=100)
@@ -66,11 +66,40 @@ def prepare_shard(spec: dict, tokenizer, out, fmt: str, on_error: str = "raise",
     if on_progress is not None:
         tick = lambda raw: on_progress(1, len(orjson.dumps(raw, default=str)) + 1)
     try:
-        s = prepare(shard_records(spec, fmt, on_error, rej, tick), tokenizer, out, on_error=on_error, **prepare_kw)
+        recs = shard_records(spec, fmt, on_error, rej, tick, mapping)
+        s = prepare(recs, tokenizer, out, on_error=on_error, **prepare_kw)
     finally:
         rej.close()
     s.update(rejected=rej.count, rejects=rej.items, rejects_file=str(rejects_path) if rej.count else None)
     return {**s, "source": {k: v for k, v in spec.items() if k != "kind"}}
+
+# %% ../nbs/04a_scale.ipynb #a8a7b98a
+def _kept_rejects(job: dict, run) -> dict:
+    "Run `run(rejects)` with a Rejects that writes the job's rejects file; the summary with rejects and source."
+    rej = Rejects(path=job.get("rejects"), keep=100)
+    try: s = run(rej)
+    finally: rej.close()
+    s.update(rejected=rej.count, rejects=rej.items, rejects_file=job.get("rejects") if rej.count else None)
+    return {**s, "source": {k: v for k, v in job["spec"].items() if k != "kind"}}
+
+def _sft_shard(job: dict, tok, report=None) -> dict:
+    "Chat rows of one shard (tokenized and masked)."
+    return prepare_shard(job["spec"], tok, job["out"], job["fmt"], job["on_error"], job.get("rejects"), report,
+                         job.get("mapping"), **job["prepare_kw"])
+
+def _pairs_shard(job: dict, tok, report=None) -> dict:
+    "DPO/ORPO pairs or KTO examples of one shard, in TRL's columns."
+    from unsloth_prep.preference import prepare_preference
+    run = lambda rej: prepare_preference(job["spec"], tok, job["out"], on_error=job["on_error"], rejects=rej,
+                                         mapping=job.get("mapping"), **job["prepare_kw"])
+    s = _kept_rejects(job, run)
+    return {**s, "records": s["examples"]}
+
+def _documents_shard(job: dict, tok, report=None) -> dict:
+    "The token ids of one shard's documents (pretraining), one row per document."
+    from unsloth_prep.pretrain import tokenize_documents
+    return _kept_rejects(job, lambda rej: tokenize_documents(job["spec"], tok, job["out"], on_error=job["on_error"],
+                                                             rejects=rej, **job["prepare_kw"]))
 
 # %% ../nbs/04a_scale.ipynb #9772d963
 def input_identity(specs: list) -> list[dict]:
@@ -81,12 +110,16 @@ def input_identity(specs: list) -> list[dict]:
         out.append({"path": os.path.abspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
 
-# %% ../nbs/04a_scale.ipynb #dd8125ca
+# %% ../nbs/04a_scale.ipynb #97d90411
 _SUMS = ("records", "rows", "tokens", "trainable_tokens", "dropped", "truncated", "rejected")
+
+_COUNTS = ("dropped_reasons", "source", "worker", "examples", "documents", "empty_docs", "lost_parts", "reference_rows",
+           "images", "image_tokens", "prompt_tokens_cut", "encoder", "task")
 
 def _shard_entry(s: dict, out_dir: Path, sums: tuple = _SUMS) -> dict:
     "What the manifest keeps of one shard's summary."
-    keep = {k: s.get(k) for k in sums + ("dropped_reasons", "source", "worker")}
+    keep = {k: s.get(k) for k in sums}
+    keep.update({k: v for k, v in s.items() if k in _COUNTS})
     keep["rejects"] = s.get("rejects", [])[:20]
     keep["rejects_file"] = Path(s["rejects_file"]).name if s.get("rejects_file") else None
     return {"path": Path(s["out"]).name, **keep}
@@ -145,19 +178,37 @@ class _Reporter:
         self.nbytes = max(self.nbytes, shard_bytes - self.sent)
         self.flush()
 
-# %% ../nbs/04a_scale.ipynb #261fa92d
+# %% ../nbs/04a_scale.ipynb #8fa8c43a
+SHARD_TASKS = {"sft": _sft_shard, "pairs": _pairs_shard, "documents": _documents_shard}
+
+def _job_tokenizer(job: dict):
+    "The tokenizer a job names, loaded once per process (text for pretraining needs no chat template)."
+    from unsloth_prep.tokenizer import load_tokenizer
+    kw = {"encoder": job["encoder"]} if job.get("encoder") else {}
+    return load_tokenizer(job["tokenizer"], job.get("template"), require_template=job["task"] != "documents", **kw)
+
 def _run_job(job: dict, report=None, tok=None) -> dict:
-    "Run one shard job in this process (convert a byte range, or prepare with `tok`, loaded if not given)."
+    "Run one shard job in this process: convert a byte range, or the job's task on its records with `tok`."
     if job.get("task") == "convert": return {**convert_shard(job, report), "worker": worker_info()}
-    if tok is None:
-        from unsloth_prep.tokenizer import load_tokenizer
-        tok = load_tokenizer(job["tokenizer"], job.get("template"))
-    s = prepare_shard(job["spec"], tok, job["out"], job["fmt"], job["on_error"], job.get("rejects"), report,
-                      **job["prepare_kw"])
+    if job["task"] == "vision":
+        from unsloth_prep.vision import vision_shard  # image conversations: the processor is its own tokenizer
+        return {**vision_shard(job, report), "worker": worker_info()}
+    s = SHARD_TASKS[job["task"]](job, tok or _job_tokenizer(job), report)
     return {**s, "worker": worker_info()}
+
+# %% ../nbs/04a_scale.ipynb #e3cd238f
+def _die_with_parent(parent: int | None):
+    "Have Linux kill this process when `parent` dies (SIGKILL included); exit now if it is gone already."
+    if parent is None: return
+    try:
+        import ctypes, signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL))  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError): pass  # elsewhere the parent's cleanup still stops its workers
+    if os.getppid() != parent: os._exit(1)
 
 def _shard_main(job: dict, q):
     "Worker process: run one shard job, report progress (the shard's bytes in full at the end), then the summary."
+    _die_with_parent(job.get("parent"))
     try:
         report = _Reporter(q, job["index"])
         s = _run_job(job, report)
@@ -200,20 +251,28 @@ def _reap(running: dict, q, jobs, done, bar):
         p.join()
         del running[i]
 
-# %% ../nbs/04a_scale.ipynb #60ca6ef6
-def _run_local(jobs: list, workers: int, bar, target=None) -> list:
+# %% ../nbs/04a_scale.ipynb #7cfb0d08
+def _start(ctx, target, job: dict, q):
+    "Start one worker process for `job`, told who its parent is."
+    p = ctx.Process(target=target, args=({**job, "parent": os.getpid()}, q), daemon=True)
+    p.start()
+    return p
+
+def _run_local(jobs: list, workers: int, bar, target=None, on_done=None) -> list:
     "Run the shard jobs in spawned processes, at most `workers` at a time; their summaries in job order."
     from unsloth_prep import parallel as _self   # the worker by its importable name, even from a notebook
     ctx, target = mp.get_context("spawn"), target or _self._shard_main
-    q, pending, running, done = ctx.Queue(), list(jobs), {}, {}
+    q, pending, running, done, told = ctx.Queue(), list(jobs), {}, {}, set()
     by_index = {j["index"]: j for j in jobs}
     try:
         while pending or running:
             while pending and len(running) < workers:
                 job = pending.pop(0)
-                running[job["index"]] = ctx.Process(target=target, args=(job, q), daemon=True)
-                running[job["index"]].start()
+                running[job["index"]] = _start(ctx, target, job, q)
             _drain(q, by_index, done, bar, 0.2)
+            for i in sorted(set(done) - told):
+                told.add(i)
+                if on_done: on_done(by_index[i], done[i])  # recorded as soon as it is written
             _reap(running, q, by_index, done, bar)
     finally:
         for p in running.values():
@@ -222,60 +281,129 @@ def _run_local(jobs: list, workers: int, bar, target=None) -> list:
             p.join()
     return [done[j["index"]] for j in jobs]
 
-# %% ../nbs/04a_scale.ipynb #ddffd3b4
-def _clear(out_dir: Path):
-    "Remove what a previous run left in `out_dir` (manifest first, so it never describes mixed shards)."
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / MANIFEST).unlink(missing_ok=True)
-    for f in [*out_dir.glob("part-*"), *out_dir.glob("_part-*")]: f.unlink()
+# %% ../nbs/04a_scale.ipynb #c633f80d
+JOURNAL = "_journal.jsonl"
 
-def _jobs(specs, tokenizer, template, fmt, on_error, out_dir: Path, prepare_kw) -> list[dict]:
-    "One picklable job per shard spec."
-    return [dict(index=i, spec=s, tokenizer=str(tokenizer), template=template, fmt=fmt, on_error=on_error,
+def build_dir(out) -> Path:
+    "The hidden folder beside `out` where a run builds its shards (a fixed name, so a rerun finds what it left)."
+    out = Path(out)
+    return out.parent / f".{out.name}.build"
+
+def _jobs(specs, task: str, tokenizer, template, fmt, on_error, out_dir: Path, prepare_kw, encoder=None) -> list:
+    "One picklable job per shard spec, writing into `out_dir`."
+    return [dict(index=i, task=task, spec=s, tokenizer=str(tokenizer), template=template, fmt=fmt, on_error=on_error,
                  out=str(out_dir / f"part-{i:05d}.parquet"), rejects=str(out_dir / f"_part-{i:05d}.rejects.jsonl"),
-                 prepare_kw=prepare_kw) for i, s in enumerate(specs)]
+                 prepare_kw=prepare_kw, encoder=encoder) for i, s in enumerate(specs)]
 
-# %% ../nbs/04a_scale.ipynb #3ce7b973
-def _settings(tokenizer, template, fmt, on_error, prepare_kw) -> dict:
+# %% ../nbs/04a_scale.ipynb #4e59fbb7
+def job_key(job: dict) -> str:
+    "What decides a shard's rows: its spec, its input file's size and mtime, the settings (not where it is written)."
+    st = os.stat(job["spec"]["path"])
+    keep = {k: v for k, v in job.items() if k not in ("out", "rejects", "index", "parent")}
+    raw = json.dumps([keep, st.st_size, st.st_mtime_ns], sort_keys=True, default=str)
+    return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
+
+# %% ../nbs/04a_scale.ipynb #224f37b2
+def _reusable(build: Path, jobs: list) -> dict:
+    "Summaries, by job index, of the shards a killed run completed with the same key (their files on disk)."
+    try: lines = (build / JOURNAL).read_text().splitlines()
+    except FileNotFoundError: return {}
+    keys, got = {j["index"]: job_key(j) for j in jobs}, {}
+    for line in lines:
+        try: e = json.loads(line)
+        except ValueError: continue          # a line the kill cut short
+        if keys.get(e.get("index")) == e.get("key") and Path(e["summary"]["out"]).exists():
+            got[e["index"]] = e["summary"]
+    return got
+
+def _reset_build(build: Path, reused: dict):
+    "Keep the reused shards' files in the build folder; remove everything else a dead run left there."
+    build.mkdir(parents=True, exist_ok=True)
+    keep = {Path(s[k]).name for s in reused.values() for k in ("out", "rejects_file") if s.get(k)}
+    for f in build.iterdir():
+        if f.name not in keep: shutil.rmtree(f) if f.is_dir() else f.unlink()
+
+# %% ../nbs/04a_scale.ipynb #83db50ba
+def _journal(build: Path, jobs: list, reused: dict):
+    "An open journal holding the reused shards, and the function that records a shard the moment it completes."
+    f = open(build / JOURNAL, "w")
+    def record(job: dict, summary: dict):
+        f.write(json.dumps({"index": job["index"], "key": job_key(job), "summary": summary}, default=str) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    for j in jobs:
+        if j["index"] in reused: record(j, reused[j["index"]])
+    return f, record
+
+def _move_into_place(build: Path, dst: Path):
+    "Replace `dst` (a file or a folder, if any) by the complete `build` folder."
+    if not dst.exists(): return os.replace(build, dst)
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    os.replace(dst, old)
+    os.replace(build, dst)
+    shutil.rmtree(old) if old.is_dir() else old.unlink()
+
+# %% ../nbs/04a_scale.ipynb #59cc6268
+def _settings(tokenizer, template, fmt, on_error, prepare_kw, task: str = "sft") -> dict:
     "The settings a manifest records."
-    return {"tokenizer": os.path.abspath(str(tokenizer)), "template": template, "fmt": fmt, "on_error": on_error,
-            **prepare_kw}
+    return {"task": task, "tokenizer": os.path.abspath(str(tokenizer)), "template": template, "fmt": fmt,
+            "on_error": on_error, **prepare_kw}
 
+def _run_inline(jobs: list, bar, on_done=None) -> list:
+    "Run the shard jobs one after another in this process: one process is one worker, not another code path."
+    out, tok = [], None
+    for job in jobs:
+        if job.get("task") not in ("convert", "vision"): tok = tok or _job_tokenizer(job)
+        out.append(_run_job(job, bar.update, tok))
+        if on_done: on_done(job, out[-1])
+    return out
 
-
-def _run_engine(jobs: list, specs: list, workers: int, engine: str, progress: bool | None, desc: str) -> list:
-    "The shard jobs' summaries, run by `workers` local processes (one progress line) or Ray actors."
+def _run_engine(jobs: list, specs: list, workers: int, engine: str, progress: bool | None, desc: str,
+                on_done=None) -> list:
+    "The shard jobs' summaries: run here (one worker), by `workers` local processes, or by Ray actors."
     if engine not in ("local", "ray"): raise ValueError(f"engine must be 'local' or 'ray', not {engine!r}")
-    if engine == "ray": return _run_ray(jobs, workers, progress)
-    with Progress(sum(map(_spec_bytes, specs)), desc, progress) as bar: return _run_local(jobs, workers, bar)
+    if engine == "ray": return _run_ray(jobs, workers, progress, on_done)
+    with Progress(sum(map(_spec_bytes, specs)), desc, progress) as bar:
+        if workers <= 1: return _run_inline(jobs, bar, on_done)
+        return _run_local(jobs, workers, bar, on_done=on_done)
 
-# %% ../nbs/04a_scale.ipynb #cdf74524
+# %% ../nbs/04a_scale.ipynb #66f8a5ff
+def run_shards(jobs: list, specs: list, out_dir, workers: int = 1, engine: str = "local", progress: bool | None = None,
+               desc: str = "prepare", settings: dict | None = None, sums: tuple = _SUMS) -> dict:
+    "Run the jobs (writing into `build_dir(out_dir)`), reusing shards a killed run completed; move the folder in whole."
+    out_dir = Path(out_dir)
+    build = build_dir(out_dir)
+    reused = _reusable(build, jobs)
+    _reset_build(build, reused)
+    f, record = _journal(build, jobs, reused)
+    try:
+        todo = [j for j in jobs if j["index"] not in reused]
+        fresh = _run_engine(todo, [j["spec"] for j in todo], workers, engine, progress, desc, record) if todo else []
+    finally:
+        f.close()
+    got = {**reused, **{j["index"]: s for j, s in zip(todo, fresh)}}
+    m = write_manifest(build, specs, [got[j["index"]] for j in jobs], settings or {}, engine, sums)
+    (build / JOURNAL).unlink()
+    _move_into_place(build, out_dir)
+    return {**m, "reused_shards": len(reused)}
+
 def run_prepare_sharded(data, tokenizer, out_dir, workers: int = 2, template: str | None = None, fmt: str = "auto",
                         on_error: str = "raise", shards: int | None = None, progress: bool | None = None,
                         engine: str = "local", **prepare_kw) -> dict:
-    "Prepare `data` into Parquet shards + manifest in `out_dir` with `workers` processes (or Ray actors); the manifest."
+    "Prepare conversations into Parquet shards + manifest in `out_dir` with `workers` processes (or Ray actors)."
     if engine not in ("local", "ray"): raise ValueError(f"engine must be 'local' or 'ray', not {engine!r}")
     specs = shard_specs(data, shards or workers)
     fmt = shards_format(specs, fmt)
-    out_dir = Path(out_dir)
-    _clear(out_dir)
-    jobs = _jobs(specs, tokenizer, template, fmt, on_error, out_dir, prepare_kw)
-    try:
-        summaries = _run_engine(jobs, specs, workers, engine, progress, "prepare")
-    except BaseException:
-        _clear(out_dir)
-        raise
+    jobs = _jobs(specs, "sft", tokenizer, template, fmt, on_error, build_dir(out_dir), prepare_kw)
     settings = _settings(tokenizer, template, fmt, on_error, prepare_kw)
-    return write_manifest(out_dir, specs, summaries, settings, engine)
+    return run_shards(jobs, specs, out_dir, workers, engine, progress, "prepare", settings)
 
-# %% ../nbs/04a_scale.ipynb #2481109c
+# %% ../nbs/04a_scale.ipynb #2653feab
 class _RayShards:
-    "Ray Data actor: loads the tokenizer once (for prepare jobs), then runs the shard jobs of each batch it is given."
-    def __init__(self, tokenizer: str | None = None, template: str | None = None):
+    "Ray Data actor: loads the tokenizer once (for tokenizing jobs), then runs the shard jobs of each batch."
+    def __init__(self, job: dict | None = None):
         self.tok = None
-        if tokenizer:
-            from unsloth_prep.tokenizer import load_tokenizer
-            self.tok = load_tokenizer(tokenizer, template)
+        if job and job.get("task") not in (None, "convert", "vision"): self.tok = _job_tokenizer(job)
 
     def __call__(self, batch: dict) -> dict:
         jobs = [json.loads(j) for j in batch["job"]]
@@ -288,7 +416,7 @@ def _ray_error(e: Exception) -> Exception:
     found = re.findall(r"(?:ValueError|FileNotFoundError): (.+)", str(e))
     return ValueError(found[-1].strip()) if found else e
 
-# %% ../nbs/04a_scale.ipynb #601b2ab5
+# %% ../nbs/04a_scale.ipynb #3bb46441
 def _ray_init(workers: int):
     "Ray, connected to `RAY_ADDRESS` when set, else to a local cluster of `max(2, workers)` CPUs started here."
     import ray
@@ -297,20 +425,23 @@ def _ray_init(workers: int):
         else: ray.init(num_cpus=max(2, workers), include_dashboard=False, configure_logging=False)
     return ray
 
-def _run_ray(jobs: list, workers: int, progress: bool | None) -> list:
+def _run_ray(jobs: list, workers: int, progress: bool | None, on_done=None) -> list:
     "Run the shard jobs with Ray Data: `map_batches` over the jobs with a pool of `workers` tokenizer actors."
     ray = _ray_init(workers)
     from unsloth_prep import parallel as _self
     ray.data.DataContext.get_current().enable_progress_bars = sys.stderr.isatty() if progress is None else progress
     ds = ray.data.from_items([{"job": json.dumps(j)} for j in jobs], override_num_blocks=len(jobs))
-    ds = ds.map_batches(_self._RayShards, fn_constructor_args=(jobs[0].get("tokenizer"), jobs[0].get("template")),
+    ds = ds.map_batches(_self._RayShards, fn_constructor_args=(jobs[0],),
                         batch_size=1, num_cpus=1,   # one job per actor at a time: the first actor up takes not all
                         compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1))
+    by_index, got = {j["index"]: j for j in jobs}, {}
     try:
-        rows = ds.take_all()
+        for r in ds.iter_rows():  # each shard's summary as it arrives, so the journal records it at once
+            s = json.loads(r["summary"])
+            got[s["index"]] = s
+            if on_done: on_done(by_index[s["index"]], s)
     except Exception as e:
         raise _ray_error(e) from None
-    got = {s["index"]: s for s in (json.loads(r["summary"]) for r in rows)}
     return [got[j["index"]] for j in jobs]
 
 # %% ../nbs/04a_scale.ipynb #4dc6d349

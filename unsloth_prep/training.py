@@ -13,16 +13,17 @@ from .oom import REFS
 from .preference import EMPTY_COLUMNS, TASKS
 
 # %% auto #0
-__all__ = ['TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SUMMARY_KEYS', 'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER', 'import_stack', 'hardware',
-           'oom_recommendation', 'resolve_settings', 'check_prepared', 'load_prepared', 'make_collator', 'BatchProbe',
-           'sft_config', 'load_model', 'prepare_data', 'prepare_eval', 'checkpoint_marker', 'is_complete',
-           'latest_checkpoint', 'resume_path', 'build_trainer', 'loss_curve', 'plot_report', 'write_report', 'train',
-           'load_adapter', 'generate', 'train_args', 'train_main', 'preference_trainer_class', 'patch_unsloth',
-           'PreferenceProbe', 'batch_sequences', 'prepared_sequences', 'check_batches', 'build_preference_trainer',
-           'train_preference', 'pretrain_trainer', 'train_pretrain']
+__all__ = ['TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SETTINGS_KEYS', 'SUMMARY_KEYS', 'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER',
+           'import_stack', 'hardware', 'oom_recommendation', 'resolve_settings', 'check_prepared', 'load_prepared',
+           'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'prepare_eval',
+           'checkpoint_marker', 'is_complete', 'latest_checkpoint', 'resume_path', 'build_trainer', 'loss_curve',
+           'plot_report', 'write_report', 'match_prepared', 'check_run', 'train', 'load_adapter', 'generate',
+           'train_args', 'train_main', 'preference_trainer_class', 'patch_unsloth', 'PreferenceProbe',
+           'batch_sequences', 'prepared_sequences', 'check_batches', 'build_preference_trainer', 'train_preference',
+           'pretrain_trainer', 'train_pretrain']
 
-# %% ../nbs/07_training.ipynb #91196076
-from .config import LORA_TARGETS, REQUIRED, SCHEMA, TRAINER_DEFAULTS, load_config, set_key
+# %% ../nbs/07_training.ipynb #cb509e26
+from .config import LORA_TARGETS, REQUIRED, SCHEMA, TRAINER_DEFAULTS, load_config, parse_yaml, set_key
 from .checks import prerun_check  # the registry's config checks, run by `train` before loading
 
 # %% ../nbs/07_training.ipynb #f5be14a8
@@ -513,7 +514,74 @@ def _train_task(cfg: dict, train_dataset=None, return_trainer: bool = False) -> 
     from unsloth_prep.training import train_preference
     return train_preference(cfg, cfg["task"], cfg["reference"])
 
-# %% ../nbs/07_training.ipynb #3f7fe48c
+# %% ../nbs/07_training.ipynb #f536d236
+def _data_paths(cfg: dict) -> list:
+    "The prepared paths a config names (data.path, then data.eval_path), with globs expanded."
+    out = []
+    for key in ("path", "eval_path"):
+        v = cfg["data"][key]
+        for p in (v if isinstance(v, list) else [v] if v else []):
+            out += sorted(_glob.glob(p, recursive=True)) if any(c in p for c in "*?[") else [p]
+    return out
+
+def _same_tokenizer(a, b) -> bool:
+    "Two tokenizer names agree: the same folder, the same string, or a Hub name and a local copy of the same name."
+    if a is None or b is None: return a is b
+    a, b = str(a), str(b)
+    if os.path.exists(a) and os.path.exists(b): return os.path.realpath(a) == os.path.realpath(b)
+    return a == b or Path(a.rstrip("/")).name.lower() == Path(b.rstrip("/")).name.lower()
+
+# %% ../nbs/07_training.ipynb #2bc61196
+def _ours(cfg: dict) -> dict:
+    "The config's side of each of `SETTINGS_KEYS`: (the key it is set by, its value)."
+    tk = "data.tokenizer" if cfg["data"].get("tokenizer") else "model.name"
+    return {"task": ("task", cfg["task"]), "template": ("template", cfg["template"]),
+            "max_seq_length": ("max_seq_length", cfg["max_seq_length"]),
+            "tokenizer": (tk, cfg["data"].get("tokenizer") or cfg["model"]["name"])}
+
+def _agrees(key: str, theirs, ours, cfg: dict, settings: dict) -> bool:
+    "Whether the prepared value `theirs` of `key` fits the config's `ours`."
+    if key == "tokenizer": return _same_tokenizer(theirs, ours)
+    if key == "max_seq_length" and theirs is not None and cfg["packing"] and not settings.get("packed"):
+        return int(theirs) <= int(ours)  # unpacked rows packed here into longer rows
+    return theirs == ours
+
+# %% ../nbs/07_training.ipynb #af1b584e
+SETTINGS_KEYS = ("task", "template", "max_seq_length", "tokenizer")  # what prepared data and its run must agree on
+
+def match_prepared(cfg: dict) -> dict:
+    "ValueError naming both values when the prepared data recorded other settings than the config; what was read."
+    from unsloth_prep.base import prepared_settings
+    ours, found = _ours(cfg), {}
+    for path in _data_paths(cfg):
+        try: settings = prepared_settings(path)
+        except (ValueError, FileNotFoundError, KeyError): settings = None  # reading the data reports those later
+        if not settings: continue
+        found[path] = settings
+        for key in SETTINGS_KEYS:
+            if key not in settings: continue
+            name, value = ours[key]
+            if not _agrees(key, settings[key], value, cfg, settings):
+                raise ValueError(f"{cfg['_source']}: '{name}' is {value!r} but {path} was prepared with {key} "
+                                 f"{settings[key]!r}; prepare it again from this config (`unsloth-prep prepare "
+                                 f"--config {cfg['_source']}`) or set '{name}: {settings[key]}'")
+    return found
+
+# %% ../nbs/07_training.ipynb #2c2771c2
+def check_run(cfg: dict, train_dataset=None) -> dict:
+    "The checks `train` makes before loading anything: prepared settings, outputs vs inputs; prints the schedule note."
+    from unsloth_prep.base import check_paths
+    found = match_prepared(cfg) if train_dataset is None else {}
+    out = Path(cfg["output_dir"])
+    check_paths(_data_paths(cfg), [out / "adapter", out / "checkpoints", out / "report.json", out / "report.png"])
+    steps = {**TRAINER_DEFAULTS, **cfg["trainer"]}.get("max_steps")
+    if steps is not None and steps < 0:
+        epochs = cfg["trainer"].get("num_train_epochs", 3)
+        print(f"note: trainer.max_steps {steps} means no step limit (TRL's default): the run trains "
+              f"trainer.num_train_epochs={epochs} epochs")
+    return found
+
+# %% ../nbs/07_training.ipynb #b9bf1794
 SUMMARY_KEYS = ("first_loss", "final_loss", "final_eval_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
                 "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter", "resumed_from")
 
@@ -523,6 +591,7 @@ def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, ret
     "Train LoRA from a config (YAML path or dict), resuming from a checkpoint when asked ('latest' or a folder)."
     from unsloth_prep.memory import track
     cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
+    check_run(cfg, train_dataset)
     if cfg["task"] != "sft":
         return _train_task(cfg, train_dataset, return_trainer)
     out = Path(cfg["output_dir"]).resolve()
@@ -607,16 +676,15 @@ def train_args(parser):
                              "'latest' starts at step 0 when there is none yet")
     return parser
 
-# %% ../nbs/07_training.ipynb #5d7606cf
+# %% ../nbs/07_training.ipynb #3bd8d600
 def train_main(args) -> dict:
     "Run `unsloth-prep train`: validate the config, train, print where the artefacts are, return the summary."
-    import yaml
     overrides = {}
     for kv in args.set:
         if "=" not in kv:
             raise ValueError(f"--set {kv!r}: expected KEY=VALUE")
         k, v = kv.split("=", 1)
-        overrides[k.strip()] = yaml.safe_load(v)
+        overrides[k.strip()] = parse_yaml(v, f"--set {kv!r}")  # safe: no Python tags, aliases bounded
     if args.output_dir:
         overrides["output_dir"] = os.path.abspath(args.output_dir)
     cfg = load_config(args.config, overrides)

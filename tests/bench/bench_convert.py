@@ -4,6 +4,13 @@
     flock /tmp/heavy.lock python tests/bench/bench_convert.py            # 300 MB + 1 GB (pandas needs ~7 GB RAM)
     python tests/bench/bench_convert.py --sizes 300 --only ours,pyarrow.json --skip malformed,array   # the speed target
     python tests/bench/bench_convert.py --small                          # 20 MB files, a minute
+    python tests/bench/bench_convert.py --dirty --sizes 300              # clean vs 0.1% vs 1% bad lines, same size
+
+--dirty: one clean file and two copies with 0.1% and 1% bad lines inserted (same size in bytes), the bad lines of
+twelve kinds in turn: six the line scan sees (truncated, trailing text, not JSON, null, two objects, an open quote)
+and six only a JSON parser sees (`tru`, a trailing comma, a bad escape, a missing colon, an unquoted key, `NaN`).
+Our converter only (and `--baseline DIR` beside it), fresh process each, best of --repeat; the target: >= 0.85x
+the clean speed at 1%.
 
 Files (generated Alpaca JSONL, Chinese + English, long-tailed, a few 200k-character records):
   malformed: 0.1% malformed lines (every kind the fixtures make); clean: none; array: the clean records as a JSON array.
@@ -80,6 +87,71 @@ def checks(out):
     return lines
 
 
+DIRTY_KINDS = ["truncated", "trailing", "bare", "null", "two_objects", "quote",
+               "bad_literal", "trailing_comma", "bad_escape", "missing_colon", "unquoted_key", "nan"]
+
+
+def bad_line(kind, good):
+    "A bad line of `kind` made from the good JSON line `good`."
+    g = good.rstrip("\n")
+    return {"truncated": g[: max(2, len(g) // 2)], "trailing": g + " xyz", "bare": "this is not json", "null": "null",
+            "two_objects": g + g, "quote": '{"instruction": "unterminated}',
+            "bad_literal": g[:-1] + ', "flag": tru}', "trailing_comma": g[:-1] + ",}",
+            "bad_escape": '{"instruction": "a\\x41", ' + g[1:], "missing_colon": '{"instruction" "q", ' + g[1:],
+            "unquoted_key": '{instruction: "q", ' + g[1:], "nan": g[:-1] + ', "score": NaN}'}[kind]
+
+
+def make_dirty(clean, out, rate, seed=3):
+    "Copy `clean` with bad lines inserted at `rate`, cut at the clean file's size; return the write_records-like info."
+    import random
+    rng, size, k, good, lines = random.Random(seed), 0, 0, 0, 0
+    limit = os.path.getsize(clean)
+    with open(clean, encoding="utf-8") as f, open(out, "w", encoding="utf-8") as o:
+        for line in f:
+            if rng.random() < rate:
+                b = bad_line(DIRTY_KINDS[k % len(DIRTY_KINDS)], line) + "\n"
+                o.write(b)
+                size, k, lines = size + len(b.encode()), k + 1, lines + 1
+            o.write(line)
+            size, good, lines = size + len(line.encode()), good + 1, lines + 1
+            if size >= limit: break
+    return {"records": good, "malformed": k, "lines": lines}
+
+
+def dirty(a, work):
+    "Clean vs 0.1% vs 1% bad lines, same size: our converter's speed, slow blocks and rejects."
+    mb = int(a.sizes.split(",")[0]) if not a.small else 20
+    clean = work / f"clean_{mb}MB.jsonl"
+    infos = {"clean": make(clean, mb, 0.0)}
+    files = {"clean": clean}
+    for rate, name in ((0.001, "0.1%"), (0.01, "1%")):
+        files[name] = work / f"dirty_{name[:-1]}_{mb}MB.jsonl"
+        infos[name] = make_dirty(clean, files[name], rate)
+    for m in ("ours", "ours (baseline)"):                     # report the slow blocks too
+        if m in PEERS: PEERS[m] = PEERS[m].replace('"blank": r["blank"]}', '"blank": r["blank"], "slow_blocks": r["slow_blocks"]}')
+    methods = ["ours"] + (["ours (baseline)"] if a.baseline else [])
+    res = {k: benchmark_converters(files[k], work / "dirty_out", methods=methods, good_rows=infos[k]["records"],
+                                   bad_lines=infos[k].get("malformed", 0), repeat=a.repeat) for k in files}
+    print(f"\n### dirty data, {mb} MB each (best of {a.repeat}, fresh process each)\n")
+    print("| method | file | MB | bad lines | rejected | slow blocks | seconds | MB/s | CPU s | x clean (MB/s) | x clean (CPU) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for m in methods:
+        base = next(r for r in res["clean"] if r["method"] == m)
+        for k in files:
+            r = next(x for x in res[k] if x["method"] == m)
+            if r["status"] != "ok":
+                print(f"| {m} | {k} | | | | | {r['status']} | | | | |")
+                continue
+            print(f"| {m} | {k} | {files[k].stat().st_size / 1e6:,.0f} | {infos[k].get('malformed', 0):,} | "
+                  f"{r.get('rejected', '-')} | {r.get('slow_blocks', '-')} | {r['seconds']:.2f} | {r['mb_per_s']:.0f} | "
+                  f"{r['cpu_s']:.2f} | {r['mb_per_s'] / base['mb_per_s']:.2f} | {base['cpu_s'] / r['cpu_s']:.2f} |")
+    one = next(x for x in res["1%"] if x["method"] == "ours")
+    cl = next(x for x in res["clean"] if x["method"] == "ours")
+    print(f"\ntarget: 1% bad lines at >= 0.85x the clean speed: {one['mb_per_s'] / cl['mb_per_s']:.2f}x "
+          f"(CPU seconds: {cl['cpu_s'] / one['cpu_s']:.2f}x)")
+    print(json.dumps(res, default=str))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="20 MB files (notebook-sized)")
@@ -95,6 +167,7 @@ def main():
     ap.add_argument("--zstd-level", type=int, default=3, help="zstd level every method writes with (default 3)")
     ap.add_argument("--dictionary", default="true", choices=("true", "false"),
                     help="dictionary encoding for every writer that has the option (default true, pyarrow's default)")
+    ap.add_argument("--dirty", action="store_true", help="clean vs 0.1%% vs 1%% bad lines (first of --sizes)")
     a = ap.parse_args()
     work = Path(a.dir); work.mkdir(parents=True, exist_ok=True)
     sizes = [20] if a.small else [int(s) for s in a.sizes.split(",")]
@@ -102,6 +175,7 @@ def main():
     if a.baseline:
         PEERS["ours (baseline)"] = f"import sys; sys.path.insert(0, {str(Path(a.baseline).resolve())!r})\n" + PEERS["ours"]
         methods = methods + ["ours (baseline)"]
+    if a.dirty: return dirty(a, work)
     skip, out = set(a.skip.split(",")), []
     cfg = dict(repeat=a.repeat, level=a.zstd_level, dictionary=a.dictionary == "true")
     print("every method: best of", a.repeat, "round(s), fresh process each; writers configured as:")

@@ -11,11 +11,12 @@ Chinese ones. All texts come from `unsloth_prep.fixtures`, rendered with the cha
 2. `prepare` on MB of generated JSONL (Llama-3.2), each in a fresh process (peak RSS), with `--encoder tokenizers`
    and `--encoder fastokens`, best of 2, rows compared by hash; beside it `tokenizers.encode_batch` alone on the
    same texts, rendered beforehand (a fresh process, best of 2);
-3. the stage split of one pass (read / render / encode / mask / columns / write), per engine, in one process.
+3. the stage split of one pass (read / render / encode / mask + columns / write), per engine, in one process;
+4. DPO pairs (`prepare_preference`) and pretraining blocks (`prepare_pretrain`) with each engine, fresh processes.
 Targets: prepare (fastokens) <= 1/3 of encode_batch alone; rows identical; peak <= 300 MB.
 Prints a table and a JSON line (wall clock on whatever machine runs it).
 """
-import argparse, importlib.util, json, os, tempfile, time
+import argparse, hashlib, importlib.util, json, os, tempfile, time
 from pathlib import Path
 
 
@@ -53,7 +54,8 @@ def engines(folder, texts):
     """Seconds of each engine on `texts` (best of 2) and how many texts get identical ids."""
     import numpy as np, fastokens
     from tokenizers import Tokenizer
-    ref, fast = Tokenizer.from_file(str(folder / "tokenizer.json")), fastokens.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    path = str(folder / "tokenizer.json")
+    ref, fast = Tokenizer.from_file(path), fastokens.Tokenizer.from_file(path)
     encs, t_ref = best(lambda: ref.encode_batch(texts, add_special_tokens=False))
     _, t_fast_ref = best(lambda: ref.encode_batch_fast(texts, add_special_tokens=False))
     (ids, off), t_flat = best(lambda: fast.encode_batch_flat(texts, add_special_tokens=False))
@@ -67,19 +69,25 @@ def engines(folder, texts):
 
 
 PREPARE = """
-import hashlib, pyarrow.parquet as pq
+import sys
 from unsloth_prep.tokenizer import load_tokenizer
 from unsloth_prep.tokenization import prepare
 tok = load_tokenizer({tok!r}, encoder={enc!r})
 s = prepare({data!r}, tok, {out!r})
-t = pq.read_table({out!r})
-h = hashlib.sha1()
-for c in ("input_ids", "labels", "attention_mask"):
-    for chunk in t.column(c).chunks: h.update(chunk.values.to_numpy().tobytes()); h.update(chunk.offsets.to_numpy().tobytes())
-import sys
 result = {{"summary": {{k: s.get(k) for k in ("rows", "tokens", "encoder", "reference_rows", "seconds")}},
-          "sha1": h.hexdigest(), "pandas": "pandas" in sys.modules}}
+          "pandas": "pandas" in sys.modules}}
 """
+
+
+def rows_sha1(path) -> str:
+    """Hash of the token columns of a prepared file (read here, after the measured process ended)."""
+    import hashlib, pyarrow.parquet as pq
+    t, h = pq.read_table(path), hashlib.sha1()
+    for c in ("input_ids", "labels", "attention_mask"):
+        for chunk in t.column(c).chunks:
+            h.update(chunk.values.to_numpy().tobytes())
+            h.update(chunk.offsets.to_numpy().tobytes())
+    return h.hexdigest()
 
 ALONE = """
 import json, time
@@ -103,8 +111,10 @@ def prepare_runs(folder, data, work):
                          label=f"prepare {enc}") for _ in range(2)]
         r = min(runs, key=lambda r: r.value["summary"]["seconds"])
         out[enc] = {"prepare_s": r.value["summary"]["seconds"], "process_s": round(r.seconds, 2),
-                    "peak_mb": round(max(x.peak_mb for x in runs), 1), **r.value}
-    alone = [run_code(ALONE.format(tok=str(folder), data=str(data)), label="encode_batch alone").value for _ in range(2)]
+                    "peak_mb": round(max(x.peak_mb for x in runs), 1), "sha1": rows_sha1(work / f"{enc}.parquet"),
+                    **r.value}
+    alone = [run_code(ALONE.format(tok=str(folder), data=str(data)), label="encode_batch alone").value
+             for _ in range(2)]
     out["encode_batch_alone_s"] = min(a["encode_batch_s"] for a in alone)
     out["rows_identical"] = out["tokenizers"]["sha1"] == out["fastokens"]["sha1"]
     out["ratio_fastokens_vs_alone"] = round(out["fastokens"]["prepare_s"] / out["encode_batch_alone_s"], 3)
@@ -130,7 +140,7 @@ def stage_split(folder, data, enc, batch_size=256):
             t1 = time.perf_counter()
             enc_ = ct.encode(preps)
             t2 = time.perf_counter()
-            table = _arrow_table(ct.rows(preps, enc_, counts))
+            table = _arrow_table(ct.columns(preps, enc_, counts))
             t3 = time.perf_counter()
             writer = writer or pq.ParquetWriter(f"{d}/o.parquet", table.schema)
             writer.write_table(table)
@@ -139,6 +149,44 @@ def stage_split(folder, data, enc, batch_size=256):
         writer.close()
     return {**{k: round(v, 2) for k, v in t.items()}, "total": round(sum(t.values()), 2),
             "reference_rows": getattr(counts, "reference_rows", 0), "rows": counts.rows_out}
+
+
+OTHER = """
+import time
+from unsloth_prep.tokenizer import load_tokenizer
+t0 = time.perf_counter()
+if {task!r} == "dpo":
+    from unsloth_prep.preference import prepare_preference
+    s = prepare_preference({data!r}, load_tokenizer({tok!r}, encoder={enc!r}), {out!r})
+else:
+    from unsloth_prep.pretrain import prepare_pretrain
+    s = prepare_pretrain({data!r}, {tok!r}, {out!r}, 2048, encoder={enc!r})
+result = {{"seconds": round(time.perf_counter() - t0, 2), "encoder": s["encoder"], "rows": s["rows"]}}
+"""
+
+
+def other_tasks(folder, work, small):
+    """DPO pairs and pretraining blocks with each engine (fresh processes, best of 2): seconds, peak, rows identical."""
+    from unsloth_prep.fixtures import write_corpus, write_pairs
+    from unsloth_prep.memory import run_code
+    pairs, corpus = work / "pairs.jsonl", work / "corpus.jsonl"
+    write_pairs(pairs, 2_000 if small else 20_000, seed=4)
+    write_corpus(corpus, 2_000 if small else 20_000, seed=4)
+    out = {}
+    for task, data in (("dpo", pairs), ("pretrain", corpus)):
+        r = {}
+        for enc in ("tokenizers", "fastokens"):
+            runs = [run_code(OTHER.format(task=task, data=str(data), tok=str(folder), enc=enc,
+                                          out=str(work / f"{task}-{enc}.parquet")), label=f"{task} {enc}")
+                    for _ in range(2)]
+            import pyarrow.parquet as pq
+            sha = hashlib.sha1(repr(pq.read_table(work / f"{task}-{enc}.parquet").to_pydict()).encode()).hexdigest()
+            r[enc] = {"seconds": min(x.value["seconds"] for x in runs), "peak_mb": round(max(x.peak_mb for x in runs)),
+                      "rows": runs[0].value["rows"], "sha1": sha, "encoder": runs[0].value["encoder"]}
+        r["identical"] = r["tokenizers"]["sha1"] == r["fastokens"]["sha1"]
+        r["speedup"] = round(r["tokenizers"]["seconds"] / r["fastokens"]["seconds"], 2)
+        out[task] = r
+    return out
 
 
 def main(argv=None):
@@ -174,6 +222,11 @@ def main(argv=None):
               f"{pr['ratio_fastokens_vs_alone']} (target <= 0.333); rows identical: {pr['rows_identical']}")
         res["stages"] = {enc: stage_split(folder, data, enc) for enc in ("tokenizers", "fastokens")}
         for enc, s in res["stages"].items(): print(f"  stages {enc:10s} {s}")
+        res["tasks"] = other_tasks(folder, work, a.small)
+        for task, r in res["tasks"].items():
+            print(f"  {task:8s} tokenizers {r['tokenizers']['seconds']} s ({r['tokenizers']['peak_mb']} MB), fastokens "
+                  f"{r['fastokens']['seconds']} s ({r['fastokens']['peak_mb']} MB): {r['speedup']}x, "
+                  f"{r['fastokens']['rows']:,} rows, identical: {r['identical']}")
         import shutil
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(res))

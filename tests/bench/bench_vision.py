@@ -4,27 +4,32 @@ prepared row costs when it stores image references vs the processed pixels.
   python tests/bench/bench_vision.py [--small] [--n N] [--json OUT]
 
 Memory (each in a fresh process, `memory.isolated`, peak RSS read from outside), all over the same N records of
-448x336 JPEG images and the same Qwen2-VL processor (max_pixels 200,704: 192 image tokens per image):
+448x336 JPEG images (drawn shapes with grain, so they compress like photos) and the same Qwen2-VL processor
+(max_pixels 200,704: 192 image tokens per image). The baseline of each is its RSS once torch, transformers and the
+processor are loaded (the same for all three), so "over baseline" is what the feeding itself holds:
 - ours: `prepare_vision` wrote references + grids to Parquet; `VisionCollator` decodes one batch of 8 at a time;
 - list of PIL: the common recipe that first builds the dataset as a list of conversations holding decoded PIL images
   (`Image.open(p).convert("RGB")` for every record), then runs the processor per batch;
 - datasets.map: `Dataset.from_list(records).map(processor)` storing `pixel_values` in Arrow, then batches read back.
-Every method touches the same pixels (their sum is compared). Storage: file MB per 1,000 rows, prepare seconds and
-the seconds to collate every row once, for references vs `pixel_values` stored in the Parquet row.
-Target: ours peaks at least 3x below the list of PIL images on N=2,000. Prints a table and a JSON line.
+Every method touches the same pixels (their sum is compared). Storage: file MB per 1,000 rows (and the image files
+the references point to), prepare seconds and the seconds to collate every row once (collator built beforehand), for
+references vs `pixel_values` stored in the Parquet row.
+Target: on N=2,000 the feeding itself (peak over baseline) holds at least 3x less with ours than with the list of PIL
+images. Prints a table and a JSON line.
 """
 import argparse, json, sys, tempfile, time
 from pathlib import Path
 
 SIZE = (448, 336)
 BATCH = 8
+NOISE = 0.25
 
 
 def make_data(folder, n):
     """N generated records with their images, and the processor folder (Qwen's tokenizer, max_pixels 200,704)."""
     from unsloth_prep.fixtures import processor_folder, write_vision_records
     folder = Path(folder)
-    info = write_vision_records(folder / "data", n, size=SIZE, multi_rate=0.0, seed=5)
+    info = write_vision_records(folder / "data", n, size=SIZE, multi_rate=0.0, seed=5, noise=NOISE)
     return info, processor_folder(folder / "processor")
 
 
@@ -34,14 +39,20 @@ def _records(path):
     return [{**r, "images": [str(base / p) for p in r["images"]]} for r in recs]
 
 
-def feed_ours(parquet, proc, batch=BATCH):
-    """Collate every prepared row in batches (images decoded per batch); the pixel sum."""
+def _setup_mb():
+    from unsloth_prep.memory import rss_mb
+    return rss_mb(children=False)
+
+
+def feed_ours(parquet, proc, batch=BATCH, collate=None):
+    """Collate every prepared row in batches (images decoded per batch); the pixel sum and the RSS after setup."""
     import pyarrow.parquet as pq
     from unsloth_prep.vision import VisionCollator
-    collate, total = VisionCollator(proc), 0.0
+    collate, total = collate or VisionCollator(proc), 0.0
+    setup = _setup_mb()
     for b in pq.ParquetFile(parquet).iter_batches(batch_size=batch):
         total += float(collate(b.to_pylist())["pixel_values"].sum())
-    return round(total, 1)
+    return {"sum": round(total, 1), "setup_mb": setup}
 
 
 def feed_pil_list(data_json, proc, batch=BATCH):
@@ -49,13 +60,15 @@ def feed_pil_list(data_json, proc, batch=BATCH):
     from PIL import Image
     from transformers import AutoImageProcessor
     hf = AutoImageProcessor.from_pretrained(str(proc))
+    hf(images=[Image.new("RGB", SIZE)], return_tensors="pt")  # warm, as the others are
+    setup = _setup_mb()
     dataset = [{"messages": r["messages"], "images": [Image.open(p).convert("RGB") for p in r["images"]]}
                for r in _records(data_json)]
     total = 0.0
     for i in range(0, len(dataset), batch):
         ims = [im for r in dataset[i:i + batch] for im in r["images"]]
         total += float(hf(images=ims, return_tensors="pt")["pixel_values"].sum())
-    return round(total, 1)
+    return {"sum": round(total, 1), "setup_mb": setup}
 
 
 def _map_pixels(hf):
@@ -77,6 +90,8 @@ def feed_datasets_map(data_json, proc, cache_dir, batch=BATCH):
     from transformers import AutoImageProcessor
     datasets.disable_progress_bars()
     hf = AutoImageProcessor.from_pretrained(str(proc))
+    import torch  # noqa: F401  (loaded by the others too)
+    setup = _setup_mb()
     ds = datasets.Dataset.from_list(_records(data_json))
     ds = ds.map(_map_pixels(hf), batched=True, batch_size=batch, remove_columns=ds.column_names,
                 cache_file_name=str(Path(cache_dir) / "mapped.arrow"))
@@ -84,7 +99,7 @@ def feed_datasets_map(data_json, proc, cache_dir, batch=BATCH):
     total = 0.0
     for i in range(0, len(ds), batch):
         total += float(sum(np.asarray(p, dtype=np.float32).sum() for p in ds[i:i + batch]["pixel_values"]))
-    return round(total, 1)
+    return {"sum": round(total, 1), "setup_mb": setup}
 
 
 def memory_benchmark(folder, n=2000):
@@ -101,9 +116,10 @@ def memory_benchmark(folder, n=2000):
            isolated(feed_pil_list, info["path"], str(proc), label="list of PIL images", keep_result=True),
            isolated(feed_datasets_map, info["path"], str(proc), str(cache), label="datasets.map pixel_values",
                     keep_result=True)]
-    sums = [r.value for r in out]
+    sums = [r.value["sum"] for r in out]
     assert max(sums) - min(sums) <= 1e-4 * max(abs(s) for s in sums) + 1, f"the feeds saw different pixels: {sums}"
-    for r in out: r.disk_mb = 0.0
+    for r in out:
+        r.baseline_mb, r.disk_mb = r.value["setup_mb"], 0.0
     out[2].disk_mb = sum(f.stat().st_size for f in cache.iterdir()) / 2**20
     return out
 
@@ -126,7 +142,7 @@ def collate_pixels(parquet, batch=BATCH):
     total = 0.0
     for b in pq.ParquetFile(parquet).iter_batches(batch_size=batch, columns=["pixel_values", "input_ids"]):
         col = b.column("pixel_values")
-        flat = np.asarray(col.values.to_numpy(zero_copy_only=False), dtype=np.float32)
+        flat = np.array(col.values.to_numpy(zero_copy_only=False), dtype=np.float32)
         total += float(torch.from_numpy(flat).view(-1, 1176).sum())
     return round(total, 1)
 
@@ -142,17 +158,20 @@ def storage_costs(folder, n=200):
     t_refs = time.perf_counter() - t0
     pq.write_table(_pixel_table(folder / "refs.parquet", proc), folder / "pixels.parquet")
     t_px = time.perf_counter() - t0
+    from unsloth_prep.vision import VisionCollator
+    collate = VisionCollator(proc)
     t0 = time.perf_counter()
-    s_refs = feed_ours(folder / "refs.parquet", proc)
+    s_refs = feed_ours(folder / "refs.parquet", proc, collate=collate)["sum"]
     c_refs = time.perf_counter() - t0
     t0 = time.perf_counter()
     s_px = collate_pixels(folder / "pixels.parquet")
     c_px = time.perf_counter() - t0
     assert abs(s_refs - s_px) <= 1e-4 * abs(s_px) + 1, (s_refs, s_px)
     per_k = lambda p: round((folder / p).stat().st_size / 2**20 * 1000 / n, 2)
-    return [{"layout": "references + grids", "mb_per_1000_rows": per_k("refs.parquet"), "prepare_s": round(t_refs, 2),
-             "collate_s": round(c_refs, 2)},
-            {"layout": "pixel_values in the row", "mb_per_1000_rows": per_k("pixels.parquet"),
+    images = round(info["image_bytes"] / 2**20 * 1000 / n, 2)
+    return [{"layout": "references + grids", "mb_per_1000_rows": per_k("refs.parquet"), "image_files_mb": images,
+             "prepare_s": round(t_refs, 2), "collate_s": round(c_refs, 2), "rows": n},
+            {"layout": "pixel_values in the row", "mb_per_1000_rows": per_k("pixels.parquet"), "image_files_mb": 0,
              "prepare_s": round(t_px, 2), "collate_s": round(c_px, 2)}]
 
 
@@ -169,14 +188,18 @@ def main():
     print(f"| feed ({n} images {SIZE[0]}x{SIZE[1]}) | peak RSS MB | over baseline MB | seconds | disk MB |")
     print("|---|---:|---:|---:|---:|")
     for r in mem: print(f"| {r.label} | {r.peak_mb:,.0f} | {r.delta_mb:,.0f} | {r.seconds:.1f} | {r.disk_mb:,.0f} |")
-    print("\n| layout | MB per 1,000 rows | prepare s | collate s |\n|---|---:|---:|---:|")
-    for s in store: print(f"| {s['layout']} | {s['mb_per_1000_rows']} | {s['prepare_s']} | {s['collate_s']} |")
+    print(f"\n| layout ({store[0]['rows']} rows) | MB per 1,000 rows | + image files MB | prepare s | collate s |")
+    print("|---|---:|---:|---:|---:|")
+    for s in store:
+        print(f"| {s['layout']} | {s['mb_per_1000_rows']} | {s['image_files_mb']} | {s['prepare_s']} | "
+              f"{s['collate_s']} |")
     res = {"n": n, "memory": [{**r.summary(), "disk_mb": round(r.disk_mb, 1)} for r in mem], "storage": store,
-           "ours_vs_pil": round(mem[1].peak_mb / mem[0].peak_mb, 2)}
+           "pil_over_ours": round(mem[1].delta_mb / max(mem[0].delta_mb, 1), 2),
+           "map_over_ours": round(mem[2].delta_mb / max(mem[0].delta_mb, 1), 2)}
     if a.json: Path(a.json).write_text(json.dumps(res, indent=1))
     print(json.dumps(res))
-    ok = res["ours_vs_pil"] >= 3 or n < 2000
-    print("target (ours >= 3x below the list of PIL images at 2,000):", "met" if ok else "NOT met")
+    ok = res["pil_over_ours"] >= 3 or n < 2000
+    print("target (feeding memory >= 3x below the list of PIL images at 2,000):", "met" if ok else "NOT met")
     return 0 if ok else 1
 
 
