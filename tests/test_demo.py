@@ -78,3 +78,40 @@ def test_demo_pretrain(tmp_path):
     assert Path(summary["artefacts"]["rejects"]).exists()
     assert summary["first_loss"] == summary["losses"][0] and summary["final_loss"] == summary["losses"][-1]
     assert report["loss_steps"] == [1, 12]
+
+
+def test_demo_vision(tmp_path):
+    "`demo --task vision`: drawn images, the tiny vision model, image tokens in the rows, a few LoRA steps."
+    import pyarrow.parquet as pq
+    from unsloth_prep.tokenizer import load_tokenizer
+    out = tmp_path / "vision"
+    proc = subprocess.run(["unsloth-prep", "demo", "--task", "vision", "--out", str(out)], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    report = json.loads(Path(summary["report"]).read_text())
+    assert summary["task"] == report["task"] == "vision" and list(summary["stages"]) == list(report["stages"])
+    assert list(summary["stages"]) == ["generate", "tiny-model", "inspect", "doctor", "prepare", "plan", "train"]
+    for name, stage in report["stages"].items():
+        assert stage["peak_rss_mb"] > 0 and (out / "logs" / f"{name}.log").exists(), name
+    assert Path(summary["report"]).with_suffix(".png").stat().st_size > 5000
+    train = report["stages"]["train"]["summary"]
+    assert train["task"] == "vision" and summary["steps"] == train["steps"] == 12
+    assert summary["losses"] == report["losses"] and len(summary["losses"]) == 12
+    assert all(math.isfinite(x) for x in summary["losses"])
+    assert (Path(summary["artefacts"]["adapter"]) / "adapter_config.json").exists() and summary["merged"] is None
+    if train["backend"] == "transformers+peft":
+        assert "CPU backend refuses vision models" in (out / "logs" / "train.log").read_text()
+    # every prepared row holds its images' exact tokens (one pad per merged 2x2 patch block), none of them trained
+    prep = report["stages"]["prepare"]["summary"]
+    gen = report["stages"]["generate"]["summary"]
+    assert 0 < prep["images"] <= gen["images"] and prep["rows"] + prep["dropped"] + prep["rejected"] == gen["records"]
+    pad = load_tokenizer(summary["artefacts"]["model"]).convert_tokens_to_ids("<|image_pad|>")
+    rows = pq.read_table(summary["artefacts"]["prepared"]).to_pylist()
+    assert len(rows) == prep["rows"] > 0
+    for r in rows:
+        where = [i for i, t in enumerate(r["input_ids"]) if t == pad]
+        assert len(where) == sum(t * h * w // 4 for t, h, w in r["image_grid_thw"]) > 0
+        assert all(r["labels"][i] == -100 for i in where) and any(x != -100 for x in r["labels"])
+    assert sum(len(r["images"]) for r in rows) == prep["images"]
+    assert sum(r["input_ids"].count(pad) for r in rows) == prep["image_tokens"]

@@ -282,3 +282,27 @@ def test_stats_same_with_each_engine(tmp_path):
     arrays = lambda st: [list(x) for x in (st.total, st.trainable, st.min_len)]
     assert arrays(fa) == arrays(fb)
     assert fa.summary() == fb.summary() and ca.rows_out == cb.rows_out > 150
+
+
+def test_fastokens_that_cannot_read_the_tokenizer_falls_back(monkeypatch, capsys):
+    def broken(*a): raise RuntimeError("unsupported model type")
+    monkeypatch.setattr(T, "_fast_tokenizer", broken)
+    tok = load_tokenizer(tiny_model())
+    err = capsys.readouterr().err
+    assert tok.encoder == "tokenizers" and err.count("\n") == 1 and "unsupported model type" in err
+    with pytest.raises(ValueError, match="unsupported model type"): load_tokenizer(tiny_model(), encoder="fastokens")
+
+
+def test_unsloth_llama3_template_loses_tools(tmp_path, capsys):
+    """Unsloth's llama-3 template has no slot for tools: the tool definitions are counted as lost (llama-3.1 keeps them)."""
+    from unsloth_prep.tokenization import prepare
+    from unsloth_prep.tokenizer import resolve_templates
+    tools = json.dumps([{"type": "function", "function": {"name": "lookup_order", "parameters": {"type": "object"}}}])
+    rec = {"messages": [{"role": "user", "content": "where is my order?"}, {"role": "assistant", "content": "shipped"}],
+           "tools": tools}
+    data = tmp_path / "tools.jsonl"
+    data.write_text((json.dumps(rec) + "\n") * 4)
+    llama3, llama31 = resolve_templates([(tiny_model(), "llama-3"), (tiny_model(), "llama-3.1")])
+    s = prepare(data, load_tokenizer(llama3), tmp_path / "a.parquet")
+    assert s["lost_parts"] == {"tools": 4} and "tools of 4 records" in capsys.readouterr().err
+    assert prepare(data, load_tokenizer(llama31), tmp_path / "b.parquet")["lost_parts"] == {}

@@ -146,6 +146,16 @@ def big(tmp_path_factory):
     return d / "big.jsonl"
 
 
+@pytest.fixture(scope="module")
+def reference(big):
+    "The uninterrupted run's output, once for the module."
+    out = big.parent / "ref"
+    r = run("prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(out), "--workers", "2", "--shards", "8",
+            "--no-progress")
+    assert r.returncode == 0, r.stderr
+    return out
+
+
 def _start(big, out, *extra):
     argv = ["unsloth-prep", "prepare", str(big), "--tokenizer", str(tiny_model()),
             "--out", str(out), "--workers", "2", "--shards", "8", "--no-progress", *extra]
@@ -162,10 +172,7 @@ def _wait_for_shards(out, n: int, proc, limit: float = 120):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
-def test_killed_run_leaves_no_worker_and_resumes(big, tmp_path, sig):
-    ref = run("prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "ref"), "--workers", "2",
-              "--shards", "8", "--no-progress")
-    assert ref.returncode == 0, ref.stderr
+def test_killed_run_leaves_no_worker_and_resumes(big, reference, tmp_path, sig):
     out = tmp_path / "out"
     proc = _start(big, out)
     assert _wait_for_shards(out, 2, proc), "no shard completed"
@@ -182,14 +189,12 @@ def test_killed_run_leaves_no_worker_and_resumes(big, tmp_path, sig):
                 "--shards", "8", "--no-progress")
     s = last_json(again)
     assert again.returncode == 0 and s["reused_shards"] >= 2, s
-    assert rows_digest(shard_paths(out)) == rows_digest(shard_paths(tmp_path / "ref"))
-    assert sorted(os.listdir(out)) == sorted(os.listdir(tmp_path / "ref"))
+    assert rows_digest(shard_paths(out)) == rows_digest(shard_paths(reference))
+    assert sorted(os.listdir(out)) == sorted(os.listdir(reference))
     assert not build_dir(out).exists()
 
 
 def test_changed_setting_redoes_everything(big, tmp_path):
-    a = last_json(run("prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "o"),
-                      "--workers", "2", "--shards", "4", "--no-progress"))
     out = tmp_path / "p"
     proc = _start(big, out, "--max-seq-length", "128")
     assert _wait_for_shards(out, 1, proc)
@@ -197,4 +202,78 @@ def test_changed_setting_redoes_everything(big, tmp_path):
     proc.wait()
     s = last_json(run("prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(out), "--workers", "2",
                       "--shards", "8", "--no-progress", "--max-seq-length", "64"))
-    assert s["reused_shards"] == 0 and a["reused_shards"] == 0
+    assert s["reused_shards"] == 0 and s["rows"] > 0
+
+
+def test_images_never_read_as_text(tmp_path):
+    from unsloth_prep.fixtures import processor_folder, write_vision_records
+    info = write_vision_records(tmp_path / "data", n=6, seed=1)
+    proc = processor_folder(tmp_path / "proc")
+    src = Path(info["path"])
+    r = run("prepare", src, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "t.parquet"))
+    assert r.returncode == 2 and "field 'images'" in r.stderr and "--drop-images" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "t.parquet").exists()
+    s = last_json(run("prepare", src, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "t.parquet"),
+                      "--drop-images"))
+    assert s["images_dropped"] == info["images"] and s["rows"] == info["records"]
+    from unsloth_prep.tokenizer import load_tokenizer
+    tok = load_tokenizer(tiny_model())
+    texts = [tok.decode(ids) for ids in pq.read_table(tmp_path / "t.parquet").column("input_ids").to_pylist()]
+    assert texts and not any("<image>" in x for x in texts), "a dropped image leaves no placeholder text"
+    v = last_json(run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v.parquet")))
+    assert v["images"] == info["images"] and v["image_tokens"] > 0 and v["rows"] == info["records"]
+    two = run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v2"), "--workers", "2")
+    assert "cannot be cut into byte ranges" in two.stderr and last_json(two)["image_tokens"] == v["image_tokens"]
+    first = sorted((src.parent / "images").iterdir())[0]
+    first.unlink()
+    doc = run("doctor", src, "--tokenizer", str(proc))
+    assert doc.returncode == 1 and "image_missing" in last_json(doc)["codes"] and first.name in doc.stdout
+    bad = run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v3.parquet"))
+    assert bad.returncode == 2 and first.name in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_killed_ray_run_leaves_no_process(big, tmp_path):
+    "kill -9 of a `--engine ray` run: the driver's local cluster (raylet, agents, actors) is gone within 5 s."
+    out = tmp_path / "ray_out"
+    proc = _start(big, out, "--engine", "ray")
+    assert _wait_for_shards(out, 1, proc, limit=300), "no shard completed"
+    tree = _tree(proc.pid)
+    assert len(tree) >= 3, tree          # raylet, gcs, agents, actors
+    proc.kill()
+    proc.wait()
+    t0 = time.time()
+    while [p for p in tree if _alive(p)] and time.time() - t0 < 5: time.sleep(0.1)
+    assert not [p for p in tree if _alive(p)], "a process of the Ray run outlived the command"
+    assert not out.exists()
+    again = last_json(run("prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(out), "--workers", "2",
+                          "--shards", "8", "--no-progress", "--engine", "ray"))
+    assert again["reused_shards"] >= 1
+
+
+def _tree(pid: int) -> list:
+    "Every process below `pid` now."
+    out, todo = [], [pid]
+    while todo:
+        kids = _children(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def test_kill_9_leaves_nothing_a_rerun_does_not_clean(big, tmp_path):
+    "After kill -9 of a one-process run, a rerun leaves only the output and its rejects beside it."
+    out = tmp_path / "x.parquet"
+    argv = ["unsloth-prep", "prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(out), "--shards", "8",
+            "--no-progress"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    journal = tmp_path / ".x.parquet.shards.build" / "_journal.jsonl"
+    t0 = time.time()
+    while time.time() - t0 < 120 and proc.poll() is None:
+        if journal.exists() and journal.read_text().count("\n") >= 2: break
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    (tmp_path / f".x.parquet.tmp-{proc.pid}").write_text("what a killed writer leaves")
+    s = last_json(run(*argv[1:]))
+    assert s["reused_shards"] >= 2 and out.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.parquet"], sorted(p.name for p in tmp_path.iterdir())

@@ -1,5 +1,5 @@
 "Training: the `unsloth-prep train` command in a fresh process, config errors, streaming and pre-packed data."
-import json, os, shutil, subprocess, sys
+import json, math, os, shutil, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -116,3 +116,34 @@ def test_early_stopping_on_eval_loss(prepared):
     assert s["steps"] < 12 and s["steps"] == report["eval_curve"][-1][0] and len(report["eval_curve"]) <= 2
     with pytest.raises(ValueError, match="'early_stopping.patience' needs 'data.eval_path'"):
         train(load_config(_config(prepared, early_stopping={"patience": 1}, output_dir=str(d / "x2"))))
+
+
+def test_cli_train_image_rows(tmp_path):
+    "Rows prepared with a processor folder train through the vision trainer: losses, adapter, report; no text path."
+    from unsloth_prep.fixtures import tiny_model, tiny_vision_model, write_vision_records
+    from unsloth_prep.vision import prepare_vision
+    model = tiny_vision_model()
+    info = write_vision_records(tmp_path / "vis", n=8, seed=2)
+    prep = prepare_vision(info["path"], model, tmp_path / "vis.parquet", max_seq_length=256)
+    assert prep["rows"] > 0 and prep["image_tokens"] > 0
+    cfg = {"data": {"path": "vis.parquet"}, "model": {"name": str(model), "cpu_threads": 1}, "max_seq_length": 256,
+           "lora": {"r": 8, "alpha": 16}, "output_dir": "run",
+           "trainer": {"max_steps": 3, "learning_rate": 1e-2, "per_device_train_batch_size": 2}}
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(cfg))
+    code, s, err = _run_cli("train", tmp_path / "train.yaml", "--set", "packing=true")
+    assert code == 0, err[-3000:]
+    assert s["task"] == "vision" and s["steps"] == 3 and len(s["losses"]) == 3 and s["rows"] == prep["rows"]
+    assert all(math.isfinite(x) for x in s["losses"]) and s["first_loss"] == s["losses"][0]
+    assert Path(s["adapter"]).parent == tmp_path / "run" and (Path(s["adapter"]) / "adapter_config.json").exists()
+    report = json.loads(Path(s["report"]).read_text())
+    assert [st for st, _ in report["loss_curve"]] == [1, 2, 3] and Path(s["report_png"]).stat().st_size > 0
+    assert "does not use: packing" in err    # a config key the image trainer ignores is named, not dropped quietly
+    if s["backend"] == "transformers+peft":
+        assert s["device"] == "cpu" and "CPU backend refuses vision models" in err
+    else:
+        assert s["backend"] == "unsloth.FastVisionModel"
+    # the rows name their processor: a text model in the config stops before anything loads (exit 2, no traceback)
+    cfg["model"]["name"] = str(tiny_model())
+    (tmp_path / "text.yaml").write_text(yaml.safe_dump(cfg))
+    code, s, err = _run_cli("train", tmp_path / "text.yaml", timeout=300)
+    assert code == 2 and "was prepared with tokenizer" in s["error"] and "Traceback" not in err, (s, err[-2000:])

@@ -237,3 +237,20 @@ def test_tiny_qwen2_vl_trains_on_cpu(work, tmp_path):
     assert r["steps"] == 3 and len(r["losses"]) == 3 and all(math.isfinite(x) for x in r["losses"])
     if r["backend"] == "transformers+peft":
         assert "CPU backend refuses vision models" in p.stderr
+
+
+def test_prepare_command_with_a_processor_folder(work, tmp_path):
+    from clitools import last_json, run
+    from unsloth_prep.fixtures import tiny_model
+    data = run("unsloth-prep", "generate", tmp_path / "vis", "--n", "7", "--format", "vision", "--seed", "3")
+    assert last_json(data)["records"] == 7
+    src = tmp_path / "vis" / "vision.json"
+    one = last_json(run("unsloth-prep", "prepare", src, "--tokenizer", work["proc"], "--out", tmp_path / "a.parquet"))
+    two = last_json(run("unsloth-prep", "prepare", src, "--tokenizer", work["proc"], "--out", tmp_path / "b.parquet",
+                        "--workers", "2", "--shards", "3"))
+    assert (one["rows"], one["images"]) == (7, last_json(data)["images"]) and one["image_tokens"] > 0
+    assert {k: two[k] for k in ("rows", "images", "image_tokens", "tokens")} == \
+        {k: one[k] for k in ("rows", "images", "image_tokens", "tokens")}
+    assert pq.read_table(tmp_path / "a.parquet").to_pylist() == pq.read_table(tmp_path / "b.parquet").to_pylist()
+    bad = run("unsloth-prep", "prepare", src, "--tokenizer", tiny_model(), "--out", tmp_path / "c.parquet", check=False)
+    assert bad.returncode == 2 and "images" in bad.stderr and "Traceback" not in bad.stderr

@@ -268,10 +268,27 @@ def _bad_utf8(blk, starts, ends) -> list:
         except UnicodeDecodeError: bad.append(i)
     return bad
 
-# %% ../nbs/03_convert.ipynb #901dc880
+# %% ../nbs/03_convert.ipynb #6949a36f
 _INT_KEY = re.compile(rb'"((?:[^"\\\n]|\\.){1,200})"\s*:\s*-?[0-9]+\s*(?=[,}\]])')   # "name": 12 (an integer)
 _INT_ITEM = re.compile(rb'[\[,]\s*-?[0-9]+\s*(?=[,\]])')                      # [1, ... (an integer item)
 
+def _numpy(col):
+    """The non-null values of a float or unsigned column as one numpy array, read from its Arrow buffers
+    (pyarrow's `to_numpy` imports pandas: half a second, and 85 MB)."""
+    parts = []
+    for c in (col.chunks if isinstance(col, pa.ChunkedArray) else [col]):
+        c = pc.drop_null(c)
+        if len(c):
+            dt = np.dtype(("f" if pa.types.is_floating(c.type) else "u") + str(c.type.bit_width // 8))
+            parts.append(np.frombuffer(c.buffers()[1], dt, len(c), c.offset * dt.itemsize))
+    return np.concatenate(parts) if parts else np.empty(0)
+
+def _int_literal(b: bytes, names: set, lists: bool) -> bool:
+    "True when `b` writes a field of `names` (or, with `lists`, a list item) as an integer literal."
+    if lists and _INT_ITEM.search(b): return True
+    return any(m.group(1).decode("utf-8", "replace") in names for m in _INT_KEY.finditer(b))
+
+# %% ../nbs/03_convert.ipynb #2071f1ff
 def _doubts(table, data) -> tuple:
     """(rows with NaN/Infinity in a top-level float column or None, whether pyarrow's table of `data` may differ from
     `read_line` otherwise: too deep, a float at or beyond 2**53 (an integer rounded?), integers read as floats)."""
@@ -296,16 +313,6 @@ def _doubts(table, data) -> tuple:
         elif pa.types.is_struct(t): todo += [(f.name, pc.struct_field(col, [i]), level or 1) for i, f in enumerate(t)]
         elif pa.types.is_list(t) or pa.types.is_large_list(t): todo.append((name, pc.list_flatten(col), -1))
     return nan, other or bool(names) and _int_literal(bytes(data), names, lists)
-
-def _numpy(col):
-    "A column's values as one numpy array, without `ChunkedArray.to_numpy` (which imports pandas, 0.5 s)."
-    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in chunks]) if chunks else np.empty(0)
-
-def _int_literal(b: bytes, names: set, lists: bool) -> bool:
-    "True when `b` writes a field of `names` (or, with `lists`, a list item) as an integer literal."
-    if lists and _INT_ITEM.search(b): return True
-    return any(m.group(1).decode("utf-8", "replace") in names for m in _INT_KEY.finditer(b))
 
 def _doubtful(table, blk) -> bool:
     "True when pyarrow's table of `blk` may hold what `read_line` rejects or reads differently."
@@ -427,7 +434,7 @@ def _parse_slow(blk, line0, starts, ends, keep, st):
         except pa.ArrowInvalid: pass
     return table_from_dicts(rows, st.schema, st.text_fields, st.coerced)
 
-# %% ../nbs/03_convert.ipynb #21a63189
+# %% ../nbs/03_convert.ipynb #477d7f10
 _ROW = re.compile(r"^JSON parse error: .* in row (\d+)$")
 
 def _drop_bad_rows(blk, line0, starts, ends, keep, st, err) -> bool:
@@ -447,13 +454,13 @@ def _drop_bad_rows(blk, line0, starts, ends, keep, st, err) -> bool:
 def _drop_nan_rows(t, nan, data, blk, line0, starts, ends, keep, st):
     """`t` without its rows holding NaN/Infinity, whose lines `read_line` rejects (a column only they had goes too);
     None if `read_line` accepts one (the block then goes line by line)."""
-    rows, idx = np.flatnonzero(_numpy(pc.fill_null(nan, False))), np.flatnonzero(keep)
+    rows, idx = _numpy(pc.indices_nonzero(pc.and_kleene(nan, pc.is_valid(nan)))).astype(np.int64), np.flatnonzero(keep)
     for i in idx[rows]:
         kind, val = read_line(blk[starts[i]:ends[i]])
         if kind != "reject": return None
         keep[i] = False
         st.reject(line0 + int(i), val, blk[starts[i]:ends[i]])
-    t = t.filter(pc.invert(pc.fill_null(nan, False)))
+    t = t.filter(pc.invert(pc.and_kleene(nan, pc.is_valid(nan))))
     gone = [c for c in t.column_names if t.column(c).null_count == t.num_rows
             and bytes(data).count(orjson.dumps(c)) <= len(rows)]
     return t.drop_columns(gone) if gone else t

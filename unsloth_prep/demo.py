@@ -8,22 +8,22 @@ import json, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CLI', 'TASK_TRAINING', 'DEMO_TASKS', 'run_stage', 'plot_stages', 'write_demo_report', 'train_config', 'demo_args',
-           'demo_main', 'run_demo']
+__all__ = ['CLI', 'TASK_TRAINING', 'VISION_MODEL_CMD', 'DEMO_TASKS', 'run_stage', 'plot_stages', 'write_demo_report',
+           'train_config', 'demo_args', 'demo_main', 'run_demo']
 
-# %% ../nbs/09_demo.ipynb #f7498edb
+# %% ../nbs/09_demo.ipynb #6901fb50
 # the `unsloth-prep` entry point, with `export` registered where the command table does not list it yet
 CLI = [sys.executable, "-c", "import sys; from unsloth_prep import cli; cli.COMMANDS.setdefault('export', "
        "('unsloth_prep.lifecycle', 'merge a LoRA run into its base model')); sys.exit(cli.main())"]
 
 
-def run_stage(name: str, argv: list, out_dir: Path, ok_codes=(0,)) -> dict:
-    "Run one `unsloth-prep` command in a fresh process, log its output, and return its JSON summary."
+def run_stage(name: str, argv: list, out_dir: Path, ok_codes=(0,), cmd: list | None = None) -> dict:
+    "Run one `unsloth-prep` command (or `cmd`) in a fresh process, log its output, and return its JSON summary."
     log = Path(out_dir) / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        proc = subprocess.run(CLI + [str(a) for a in argv], stdout=subprocess.PIPE, stderr=f, text=True)
+        proc = subprocess.run((cmd or CLI) + [str(a) for a in argv], stdout=subprocess.PIPE, stderr=f, text=True)
         f.write(proc.stdout)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode not in ok_codes or not lines:
@@ -73,11 +73,14 @@ def write_demo_report(out_dir: Path, stages: dict, extra: dict) -> Path:
     fig.savefig(out_dir / "report.png")
     return path
 
-# %% ../nbs/09_demo.ipynb #ad45c233
-TASK_TRAINING = {  # what a `dpo` or `pretrain` run changes in the demo's training config
+# %% ../nbs/09_demo.ipynb #38915248
+TASK_TRAINING = {  # what a `dpo`, `pretrain` or `vision` run changes in the demo's training config
     "dpo": {"packing": False, "trainer": {"learning_rate": 2e-3, "warmup_steps": 1}},
     "pretrain": {"packing": False, "lora": {"r": 16, "alpha": 32},
                  "trainer": {"learning_rate": 1e-2, "embedding_learning_rate": 1e-3, "warmup_steps": 1}},
+    # image rows keep `task: sft`: `train` sees their image columns and takes the vision trainer
+    "vision": {"task": "sft", "packing": False, "lora": {"r": 16, "alpha": 32},
+               "trainer": {"learning_rate": 1e-2, "warmup_steps": 0}},
 }
 
 # %% ../nbs/09_demo.ipynb #3845c907
@@ -161,11 +164,38 @@ def _pretrain_pipeline(stage, out: Path, records: int, seed: int, max_seq_length
     return {"data": str(raw), "blocks": str(blocks), "rejects": prep.get("rejects"), "model": model,
             "adapter": trained.get("adapter"), "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #d0c53a5c
+# %% ../nbs/09_demo.ipynb #c29be722
+VISION_MODEL_CMD = [sys.executable, "-c", """
+import json, resource, time
+t0 = time.perf_counter()
+from unsloth_prep.fixtures import tiny_vision_model
+path = tiny_vision_model()
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"path": str(path), "seconds": round(time.perf_counter() - t0, 3), "peak_rss_mb": round(peak, 1)}))
+"""]  # the tiny vision model + its processor folder, built once into the cache folder and reused
+
+# %% ../nbs/09_demo.ipynb #bdbc0834
+def _vision_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
+    "The image stages, from drawn images to a LoRA adapter on the tiny vision model; the paths of what they wrote."
+    folder, rows = out / "vision", out / "vision.parquet"
+    raw = folder / "vision.json"
+    stage("generate", "generate", folder, "--format", "vision", "--n", records, "--seed", seed)
+    model = stage("tiny-model", cmd=VISION_MODEL_CMD)["path"]
+    stage("inspect", "inspect", raw)
+    stage("doctor", "doctor", raw, "--tokenizer", model, "--max-seq-length", max_seq_length, ok_codes=(0, 1))
+    config = train_config(out, model, rows, max_seq_length, steps, "vision", source=raw)
+    stage("prepare", "prepare", "--config", config)   # a processor folder: image tokens and grids in the rows
+    stage("plan", "plan", "--model", model, "--gpu", "T4", "--max-seq-length", max_seq_length)
+    trained = stage("train", "train", config)
+    return {"data": str(raw), "images": str(folder / "images"), "prepared": str(rows), "model": model,
+            "adapter": trained.get("adapter"), "train_report": trained.get("report")}
+
+# %% ../nbs/09_demo.ipynb #56fbfa22
 DEMO_TASKS = {  # task: (its stages, generated records, max_seq_length / block size, training steps)
     "sft": (_pipeline, 2000, 256, 30),
     "dpo": (_dpo_pipeline, 200, 256, 12),
     "pretrain": (_pretrain_pipeline, 300, 128, 12),
+    "vision": (_vision_pipeline, 64, 256, 12),
 }
 
 # %% ../nbs/09_demo.ipynb #1a254f31
@@ -177,17 +207,17 @@ def _loss_curve(trained: dict) -> list:
         return [[i + 1, loss] for i, loss in enumerate(trained["losses"])]
     return [[1, trained.get("first_loss")], [trained.get("steps"), trained.get("final_loss")]]
 
-# %% ../nbs/09_demo.ipynb #2f3f162e
+# %% ../nbs/09_demo.ipynb #0f253488
 def demo_args(p):
     "Arguments of `unsloth-prep demo`."
     p.add_argument("--out", default="demo_out", help="output folder for data, model links, logs and the report")
     p.add_argument("--task", default="sft", choices=list(DEMO_TASKS), help="what the demo prepares data for and trains")
     p.add_argument("--records", type=int, default=None, help="generated records (default: sft 2000, dpo 200, "
-                   "pretrain 300)")
+                   "pretrain 300, vision 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seq-length", type=int, default=None, help="training length, the block size for pretrain "
                    "(default: 256, pretrain 128; small so the CPU demo is quick)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: sft 30, dpo and pretrain 12)")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: sft 30, dpo, pretrain and vision 12)")
     return p
 
 # %% ../nbs/09_demo.ipynb #ea5281ba
@@ -195,7 +225,14 @@ def demo_main(args) -> dict:
     "Run the demo pipeline."
     return run_demo(args.out, args.records, args.seed, args.max_seq_length, args.steps, args.task)
 
-# %% ../nbs/09_demo.ipynb #7f40685b
+# %% ../nbs/09_demo.ipynb #a692ad85
+def _merged(exported: dict | None) -> dict | None:
+    "What the report says about the merged model: folder, size, dtype, method and its answer (None: no export stage)."
+    if not exported: return None
+    return {"folder": exported["out"], "size_mb": exported["size_mb"], "dtype": exported["dtype"],
+            "method": exported["method"], "generated": exported["check"]["generated"]}
+
+# %% ../nbs/09_demo.ipynb #d9e29c8a
 def run_demo(out_dir="demo_out", records: int | None = None, seed: int = 0, max_seq_length: int | None = None,
              steps: int | None = None, task: str = "sft") -> dict:
     "Run the whole pipeline for `task` on generated data, one fresh process per stage; return the summary."
@@ -206,17 +243,15 @@ def run_demo(out_dir="demo_out", records: int | None = None, seed: int = 0, max_
     out.mkdir(parents=True, exist_ok=True)
     t0, stages = time.perf_counter(), {}
 
-    def stage(name, *argv, ok_codes=(0,)):
-        stages[name] = run_stage(name, list(argv), out, ok_codes)
+    def stage(name, *argv, ok_codes=(0,), cmd=None):
+        stages[name] = run_stage(name, list(argv), out, ok_codes, cmd)
         return stages[name]
     print(f"unsloth-prep demo --task {task} -> {out}")
     artefacts = pipeline(stage, out, records, seed, max_seq_length, steps)
-    trained, exported = stages["train"], stages["export"]
+    trained, merged = stages["train"], _merged(stages.get("export"))
     curve = _loss_curve(trained)
     losses = [loss for _, loss in curve]
     brief = {n: {k: s.get(k) for k in ("peak_rss_mb", "seconds", "exit_code")} for n, s in stages.items()}
-    merged = {"folder": exported["out"], "size_mb": exported["size_mb"], "dtype": exported["dtype"],
-              "method": exported["method"], "generated": exported["check"]["generated"]}
     report = write_demo_report(out, {n: brief[n] | {"summary": s} for n, s in stages.items()},
                                {"task": task, "artefacts": artefacts, "losses": losses,
                                 "loss_steps": [step for step, _ in curve], "merged": merged})
@@ -226,7 +261,8 @@ def run_demo(out_dir="demo_out", records: int | None = None, seed: int = 0, max_
                "merged": merged, "report": str(report)}
     for k, v in artefacts.items():
         print(f"  {k:<12} {v}")
-    print(f"merged model: {merged['folder']} ({merged['size_mb']:.1f} MB, {merged['dtype']}); loaded by plain "
-          f"transformers in a fresh process, it answered: {merged['generated']!r}")
+    if merged: print(f"merged model: {merged['folder']} ({merged['size_mb']:.1f} MB, {merged['dtype']}); loaded by "
+                     f"plain transformers in a fresh process, it answered: {merged['generated']!r}")
+    else: print(f"{task}: no merged model (`export` merges text models only); the LoRA adapter: {trained['adapter']}")
     print(f"report: {report} and {report.with_suffix('.png')}")
     return summary

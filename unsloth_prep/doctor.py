@@ -417,6 +417,16 @@ def _check_pairs(data, head: list, tok, max_seq_length, template, mapping, repor
     report.checked = sum(1 for _ in iter_located(data, Rejects(keep=0), Report("count")))
     return True
 
+# %% ../nbs/08_doctor.ipynb #b99179a2
+def _check_images(data, head: list, tokenizer, report: Report) -> bool:
+    "Run the vision checks when `head` holds image data (missing files, placeholder/image mismatch, sizes, slot)."
+    from unsloth_prep import vision
+    if not isinstance(data, (str, os.PathLike)) or not any(vision.record_images(r) for *_, r in head): return False
+    proc = tokenizer if isinstance(tokenizer, (str, os.PathLike)) and vision.is_processor_folder(tokenizer) else None
+    for f in vision.check_vision(data, proc): report.merge(f)
+    report.info["images"] = True
+    return True
+
 # %% ../nbs/08_doctor.ipynb #ab54b234
 def _inputs(data) -> list:
     "The paths `data` names: itself and, for a folder or glob, the files it stands for (none when it matches nothing)."
@@ -432,7 +442,7 @@ def _mapping(text: str | None) -> dict | None:
     if not isinstance(m, dict): raise ValueError(f"--mapping {text!r}: must be a JSON object (field -> column)")
     return m
 
-# %% ../nbs/08_doctor.ipynb #0dcf0539
+# %% ../nbs/08_doctor.ipynb #a905e50f
 def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: int | None = None, config=None,
            sample: int | None = None, fmt: str = "auto", mapping: dict | None = None, train_on: str = "all-assistant",
            batch_size: int = 256, rejects_path=None, progress: bool | None = False) -> Report:
@@ -456,6 +466,7 @@ def doctor(data, tokenizer=None, template: str | None = None, max_seq_length: in
     head = list(islice(stream, 64))
     stream, tokenized = chain(head, stream), bool(head) and "input_ids" in head[0][2]
     usable = check_tokenizer(tok, report) if tok is not None else False
+    _check_images(data, head, tokenizer, report)   # image data: its files, placeholders and sizes
     if not head and not rejects.count and "unreadable_file" not in report.findings:
         report.add("no_records", report.source)
     elif tokenized:

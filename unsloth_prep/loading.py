@@ -1118,21 +1118,20 @@ def _inspect_input(args) -> tuple:
     limit = min(x for x in (args.limit, entry["num_samples"]) if x) if (args.limit or entry["num_samples"]) else None
     return entry["data"], fmt, limit, {**entry["mapping"], **(mapping or {})}
 
-# %% ../nbs/02_loading.ipynb #532b4412
+# %% ../nbs/02_loading.ipynb #c109814e
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     data, fmt, limit, mapping = _inspect_input(args)
-    if is_hub_name(data):
+    shards = None if is_hub_name(data) else plan_shards(resolve_files(data))
+    files = [data] if shards is None else [s["path"] for s in shards]
+    check_paths([] if shards is None else files, [args.rejects])      # a rejects file never replaces an input
+    rej = Rejects(path=args.rejects)
+    if shards is None:
         src = load_stream(data, split=args.split)
-        records, files = ((i, "row", data, r) for i, r in enumerate(src)), [data]
-        sample = list(src.take(32))
+        records, sample = ((i, "row", data, r) for i, r in enumerate(src)), list(src.take(32))
     else:
-        shards = plan_shards(resolve_files(data))
-        files = [s["path"] for s in shards]
         records = ((n, UNIT[s["kind"]], s["path"], r) for s in shards for n, r in iter_file(s, "skip", rej))
         sample = _peek(shards)
-    check_paths([] if is_hub_name(data) else files, [args.rejects])      # a rejects file never replaces an input
-    rej = Rejects(path=args.rejects)
     if fmt == "auto":
         try: fmt = detect_format(sample, mapping)
         except ValueError as e: raise ValueError(f"{files[0]}: {e}") from None

@@ -28,7 +28,7 @@ __all__ = ['TASKS', 'SFT', 'PAIRS', 'TEXT', 'OPTIONS', 'COMMON', 'DEFAULTS', 'ad
            'prepare_one', 'verify_output', 'task_records', 'split_files', 'prepare_split', 'prepare_main', 'stats_args',
            'stats_main', 'convert_args', 'convert_main']
 
-# %% ../nbs/04e_pipeline.ipynb #f15aa3b7
+# %% ../nbs/04e_pipeline.ipynb #8a13d378
 SFT, PAIRS, TEXT = ("sft",), PAIR_TASKS, ("pretrain",)
 OPTIONS = [  # (flags, argparse keywords, tasks it applies to: None = every task)
     (("--tokenizer",), dict(help="local tokenizer (or model / processor) folder"), None),
@@ -45,6 +45,9 @@ OPTIONS = [  # (flags, argparse keywords, tasks it applies to: None = every task
     (("--on-overflow",), dict(choices=ON_OVERFLOW, help="rows over --max-seq-length: truncate, drop, raise"), SFT),
     (("--chars-per-token",), dict(type=positive_int, help="character pre-truncation budget per token"), SFT),
     (("--pack",), dict(action="store_true", default=None, help="pack rows into full --max-seq-length rows"), SFT),
+    (("--drop-images",), dict(action="store_true", default=None, help="a text-only tokenizer: drop the images of "
+                                                                       "records that have some (counted)"), SFT),
+    (("--media-dir",), dict(help="folder image paths are relative to (default: the data file's folder)"), SFT),
     (("--verify",), dict(action="store_true", default=None, help="verify every written pair"), PAIRS),
     (("--text-field",), dict(help="field holding the document text"), TEXT),
     (("--txt-mode",), dict(choices=TXT_MODES, help=".txt files: a document per file, paragraph or line"), TEXT),
@@ -175,7 +178,7 @@ def task_keywords(args, task: str) -> dict:
     return dict(train_on=args.train_on, max_seq_length=args.max_seq_length, on_overflow=args.on_overflow,
                 chars_per_token=args.chars_per_token, batch_size=args.batch_size)
 
-# %% ../nbs/04e_pipeline.ipynb #c8f8bb09
+# %% ../nbs/04e_pipeline.ipynb #a349121e
 def settings_of(args, task: str, fmt: str, mapping) -> dict:
     "The settings an output records (manifest or Parquet metadata), which `train` compares with its config."
     return {**_settings(args.tokenizer, args.template, fmt, args.on_error, task_keywords(args, task), task),
@@ -186,10 +189,15 @@ def run_task(args, data, out: Path, task: str, fmt: str, mapping) -> dict:
     "Tokenize `data` for `task` into shards at `out` (a folder); the manifest."
     kind = _kind(task, args.tokenizer)
     specs = shard_specs(data, args.shards or args.workers)
+    if len(specs) < (args.shards or args.workers):
+        print(f"{data}: a JSON array or a compressed file cannot be cut into byte ranges: {len(specs)} shard(s)",
+              file=sys.stderr)
     if kind in ("sft", "vision"): fmt = shards_format(specs, fmt, mapping)
     jobs = _jobs(specs, kind, args.tokenizer, args.template, fmt, args.on_error, build_dir(out),
                  task_keywords(args, task), args.encoder)
-    for j in jobs: j["mapping"] = mapping
+    for j in jobs: j.update(mapping=mapping, drop_images=bool(args.drop_images))
+    if kind == "vision":
+        for j in jobs: j["prepare_kw"] = {**j["prepare_kw"], "media_dir": args.media_dir}
     return run_shards(jobs, specs, out, args.workers, args.engine, False if args.no_progress else None, "prepare",
                       settings_of(args, task, fmt, mapping))
 
@@ -228,11 +236,12 @@ def finish(args, task: str, m: dict, shards: Path, out: Path) -> dict:
     _write_file(shard_paths(shards), out, m["settings"])
     return {"out": str(out)}
 
-# %% ../nbs/04e_pipeline.ipynb #c2ccbc07
+# %% ../nbs/04e_pipeline.ipynb #19e94dd0
 def _summary(m: dict, fin: dict, args, task: str, rejects) -> dict:
     "The summary of one prepared output."
     keep = ("records", "rows", "rejected", "dropped", "truncated", "tokens", "trainable_tokens", "dropped_reasons",
-            "lost_parts", "reference_rows", "images", "image_tokens", "empty_docs", "prompt_tokens_cut")
+            "lost_parts", "reference_rows", "images", "image_tokens", "images_dropped", "empty_docs",
+            "prompt_tokens_cut")
     s = {k: _total(m["shards"], k) for k in keep if any(k in sh for sh in m["shards"])}
     s.update(task=task, out=fin["out"], engine=args.engine, workers=args.workers, shards=len(m["shards"]),
              reused_shards=m.get("reused_shards", 0),
@@ -255,11 +264,10 @@ def _total(shards: list, key: str):
         return out
     return sum(vals)
 
-# %% ../nbs/04e_pipeline.ipynb #1b05dd73
+# %% ../nbs/04e_pipeline.ipynb #95fdc530
 def _shards_dir(args, task: str, out: Path) -> Path:
     "Where the shards go: the output itself (a folder of shards), or a hidden folder beside it."
-    many = args.workers > 1 or args.engine == "ray" or (args.shards or 1) > 1
-    folder = many and not args.pack and task != "pretrain"
+    folder = (args.workers > 1 or args.engine == "ray") and not args.pack and task != "pretrain"
     return out if folder else out.parent / f".{out.name}.shards"
 
 def prepare_one(args, data, out: Path, task: str, fmt: str, mapping) -> dict:
@@ -332,7 +340,7 @@ def prepare_split(args, data, out: Path, task: str, fmt: str, mapping) -> dict:
              rejected=s["rejected"] + sp["rejected"])
     return s
 
-# %% ../nbs/04e_pipeline.ipynb #a255a39d
+# %% ../nbs/04e_pipeline.ipynb #1aa34237
 def _report(s: dict):
     "The human lines of a prepare run."
     print(f"{s['task']}: {s.get('records', 0):,} records -> {s['rows']:,} rows ({s.get('tokens') or 0:,} tokens); "
@@ -341,6 +349,13 @@ def _report(s: dict):
     if s.get("lost_parts"):
         print(f"warning: the template drops part of some records: {s['lost_parts']}", file=sys.stderr)
     if s.get("eval"): print(f"eval: {s['eval']['rows']:,} rows -> {s['eval_out']}")
+
+def _task_hint(msg: str, data, task: str, mapping) -> str:
+    "The message, with the task the file looks like when a field is missing because the task is not the file's."
+    if not any(w in msg for w in ("missing field", "has no field")) or "--task" in msg: return msg
+    try: looks = detect_task(data, mapping)
+    except (ValueError, OSError): return msg
+    return msg if looks == task else f"{msg} (this file looks like --task {looks} data)"
 
 def prepare_main(args) -> dict:
     "`unsloth-prep prepare`: one pipeline for every task (one process, workers or Ray; eval split; pack; resume)."
@@ -351,10 +366,12 @@ def prepare_main(args) -> dict:
     args = check_options(args, task)
     args.task = task
     data, fmt, mapping = resolve_data(args)
+    if args.media_dir is None and Path(str(data)).exists(): args.media_dir = str(Path(resolve_files(data)[0]).parent)
     out = Path(args.out)
     check_paths(resolve_files(data) if Path(str(data)).exists() or "*" in str(data) else [], [out, args.rejects])
     split = args.eval_fraction is not None or args.eval_size is not None
-    s = (prepare_split if split else prepare_one)(args, data, out, task, fmt, mapping)
+    try: s = (prepare_split if split else prepare_one)(args, data, out, task, fmt, mapping)
+    except ValueError as e: raise ValueError(_task_hint(str(e), data, task, mapping)) from None
     _report(s)
     return s
 
@@ -371,17 +388,17 @@ def stats_args(p):
     p.add_argument("--plot", default=None, help="save the length histogram to this PNG")
     progress_args(p)
 
-# %% ../nbs/04e_pipeline.ipynb #fb283d21
+# %% ../nbs/04e_pipeline.ipynb #a2356cf5
 def stats_main(args) -> dict:
     "Token length statistics and a suggested max_seq_length, in one streaming pass."
     for k in ("format", "on_error", "batch_size", "train_on", "encoder"):
         setattr(args, k, getattr(args, k) or DEFAULTS[k])
-    tok = load_tokenizer(args.tokenizer, args.template)
+    tok = load_tokenizer(args.tokenizer, args.template, encoder=args.encoder)
     st, counts, rejected = collect_stats(args.data, tok, args.train_on, args.batch_size, args.format, args.on_error,
                                          progress=False if args.no_progress else None)
     s = st.summary(args.percentile, args.multiple, args.max_seq_length)
     s.update(records=counts.rows_in, rows=s["records"], dropped=counts.dropped, dropped_reasons=dict(counts.reasons),
-             rejected=rejected, encoder=getattr(tok, "encoder", "tokenizers"))
+             rejected=rejected, encoder=tok.encoder)
     print(f"{s['records']:,} records, {s['rows']:,} rows with something to train: p50 {s['p50']}  p95 {s['p95']}  "
           f"p99 {s['p99']}  max {s['max']} tokens; max_seq_length {s['suggested_max_seq_length']} -> "
           f"{s['truncated_share']:.2%} of rows longer, {s['dropped_share']:.2%} would be dropped")

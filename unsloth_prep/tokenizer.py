@@ -429,7 +429,7 @@ def _fast_tokenizer(backend, json_path=None):
     if json_path is not None: return fastokens.Tokenizer.from_file(str(json_path))
     return fastokens.Tokenizer.from_json_str(backend.to_str())
 
-# %% ../nbs/03a_tokenizer.ipynb #2dd35c3f
+# %% ../nbs/03a_tokenizer.ipynb #596d561d
 class Encoder:
     "The engine that turns texts into ids: fastokens where a probe shows it gives `tokenizers`' ids, else `tokenizers`."
     def __init__(self, backend, encoder: str = "auto", rendered=(), where: str = "tokenizer", json_path=None,
@@ -437,12 +437,15 @@ class Encoder:
         if encoder not in ENCODERS: raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         self.backend, self.fast, self.name, self.probe, self.asked = backend, None, "tokenizers", None, encoder
         if encoder == "tokenizers": return
-        self.fast = fast if fast is not None else _fast_tokenizer(backend, json_path)
-        if self.fast is None:
-            if encoder == "fastokens": raise ValueError("--encoder fastokens: the fastokens package cannot be imported")
-            return print(f"{where}: fastokens cannot be imported; encoding with tokenizers", file=sys.stderr)
-        specials = [t.content for t in backend.get_added_tokens_decoder().values()]
-        self.probe = self._probe(probe_texts(specials, rendered))
+        try:
+            self.fast = fast if fast is not None else _fast_tokenizer(backend, json_path)
+            if self.fast is None: raise ImportError("the fastokens package cannot be imported")
+            specials = [t.content for t in backend.get_added_tokens_decoder().values()]
+            self.probe = self._probe(probe_texts(specials, rendered))
+        except Exception as e:  # not installed, or it cannot read or encode this tokenizer
+            self.fast = None
+            if encoder == "fastokens": raise ValueError(f"{where}: --encoder fastokens: {e}") from None
+            return print(f"{where}: fastokens unavailable ({e}); encoding with tokenizers", file=sys.stderr)
         if self.probe["identical"] == self.probe["texts"]:
             self.name = "fastokens"
             return

@@ -13,14 +13,14 @@ from .oom import REFS
 from .preference import EMPTY_COLUMNS, TASKS
 
 # %% auto #0
-__all__ = ['TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SETTINGS_KEYS', 'SUMMARY_KEYS', 'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER',
-           'import_stack', 'hardware', 'oom_recommendation', 'resolve_settings', 'check_prepared', 'load_prepared',
-           'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data', 'prepare_eval',
-           'checkpoint_marker', 'is_complete', 'latest_checkpoint', 'resume_path', 'build_trainer', 'loss_curve',
-           'plot_report', 'write_report', 'match_prepared', 'check_run', 'train', 'load_adapter', 'generate',
-           'train_args', 'train_main', 'preference_trainer_class', 'patch_unsloth', 'PreferenceProbe',
-           'batch_sequences', 'prepared_sequences', 'check_batches', 'build_preference_trainer', 'train_preference',
-           'pretrain_trainer', 'train_pretrain']
+__all__ = ['TOKEN_COLUMNS', 'CHECKPOINT_DONE', 'SETTINGS_KEYS', 'IMAGE_COLUMNS', 'VISION_SUMMARY_KEYS', 'SUMMARY_KEYS',
+           'PRETRAIN_TARGETS', 'PRETRAIN_TRAINER', 'import_stack', 'hardware', 'oom_recommendation', 'resolve_settings',
+           'check_prepared', 'load_prepared', 'make_collator', 'BatchProbe', 'sft_config', 'load_model', 'prepare_data',
+           'prepare_eval', 'checkpoint_marker', 'is_complete', 'latest_checkpoint', 'resume_path', 'build_trainer',
+           'loss_curve', 'plot_report', 'write_report', 'match_prepared', 'check_run', 'is_vision_data', 'train_images',
+           'train', 'load_adapter', 'generate', 'train_args', 'train_main', 'preference_trainer_class', 'patch_unsloth',
+           'PreferenceProbe', 'batch_sequences', 'prepared_sequences', 'check_batches', 'build_preference_trainer',
+           'train_preference', 'pretrain_trainer', 'train_pretrain']
 
 # %% ../nbs/07_training.ipynb #cb509e26
 from .config import LORA_TARGETS, REQUIRED, SCHEMA, TRAINER_DEFAULTS, load_config, parse_yaml, set_key
@@ -531,7 +531,7 @@ def _same_tokenizer(a, b) -> bool:
     if os.path.exists(a) and os.path.exists(b): return os.path.realpath(a) == os.path.realpath(b)
     return a == b or Path(a.rstrip("/")).name.lower() == Path(b.rstrip("/")).name.lower()
 
-# %% ../nbs/07_training.ipynb #2bc61196
+# %% ../nbs/07_training.ipynb #970df74d
 def _ours(cfg: dict) -> dict:
     "The config's side of each of `SETTINGS_KEYS`: (the key it is set by, its value)."
     tk = "data.tokenizer" if cfg["data"].get("tokenizer") else "model.name"
@@ -542,6 +542,7 @@ def _ours(cfg: dict) -> dict:
 def _agrees(key: str, theirs, ours, cfg: dict, settings: dict) -> bool:
     "Whether the prepared value `theirs` of `key` fits the config's `ours`."
     if key == "tokenizer": return _same_tokenizer(theirs, ours)
+    if key == "task" and theirs == "vision": return ours == "sft"  # image rows: `train` gives them to train_images
     if key == "max_seq_length" and theirs is not None and cfg["packing"] and not settings.get("packed"):
         return int(theirs) <= int(ours)  # unpacked rows packed here into longer rows
     return theirs == ours
@@ -581,7 +582,112 @@ def check_run(cfg: dict, train_dataset=None) -> dict:
               f"trainer.num_train_epochs={epochs} epochs")
     return found
 
-# %% ../nbs/07_training.ipynb #b9bf1794
+# %% ../nbs/07_training.ipynb #b98b966b
+IMAGE_COLUMNS = ("images", "image_grid_thw")  # what prepared image rows hold beside the token columns
+
+def is_vision_data(path) -> bool:
+    "True for prepared rows with images: image columns beside the tokens, or recorded as task 'vision'."
+    import pyarrow.parquet as pq
+    from unsloth_prep.base import prepared_settings
+    try: files = _files(path)
+    except FileNotFoundError: return False
+    if set(IMAGE_COLUMNS) & set(pq.read_schema(files[0]).names): return True
+    try: return (prepared_settings(path) or {}).get("task") == "vision"
+    except (ValueError, FileNotFoundError, KeyError, TypeError, OSError): return False
+
+# %% ../nbs/07_training.ipynb #e73691ea
+def _vision_source(cfg: dict) -> tuple[str, str]:
+    "The one prepared path of image rows and the processor folder they were tokenized with; ValueError otherwise."
+    from unsloth_prep.base import prepared_settings
+    from unsloth_prep.vision import is_processor_folder
+    path, src = cfg["data"]["path"], cfg["_source"]
+    if isinstance(path, list) or any(c in str(path) for c in "*?["):
+        files = _files(path)
+        if len(files) != 1:
+            raise ValueError(f"{src}: 'data.path' names {len(files)} files of image rows; give one prepared file or "
+                             "shard folder")
+        path = files[0]
+    try: recorded = (prepared_settings(path) or {}).get("tokenizer")
+    except (ValueError, FileNotFoundError, KeyError, OSError): recorded = None
+    for cand in (recorded, cfg["data"].get("tokenizer"), cfg["model"]["name"]):
+        if cand and is_processor_folder(cand): return str(path), str(cand)
+    raise ValueError(f"{src}: {path} holds image rows but neither its recorded tokenizer ({recorded!r}) nor "
+                     f"'data.tokenizer' / 'model.name' is a processor folder (tokenizer + preprocessor_config.json)")
+
+# %% ../nbs/07_training.ipynb #4cda1366
+def _check_vision_rows(path, max_len: int | None) -> dict:
+    "The first 64 image rows: the checks of text rows, and as many grids as stored images."
+    import pyarrow.parquet as pq
+    f = _files(path)[0]
+    cols = pq.read_schema(f).names
+    missing = [c for c in ("input_ids", "labels", *IMAGE_COLUMNS) if c not in cols]
+    if missing: raise ValueError(f"{f}: missing column(s) {missing} for image rows (have {cols}); run `unsloth-prep "
+                                 "prepare --tokenizer PROCESSOR_FOLDER` first")
+    batch = next(pq.ParquetFile(f).iter_batches(batch_size=64), None)
+    rows = batch.to_pylist() if batch is not None else []
+    if not rows: raise ValueError(f"{f}: no rows")
+    for i, r in enumerate(rows):
+        _check_row(r, i, str(f), max_len)
+        n, g = len(r["images"] or []), len(r["image_grid_thw"] or [])
+        if n != g: raise ValueError(f"{f}: row {i}: field 'image_grid_thw' has {g} grids for {n} images")
+    return {"columns": cols, "checked_rows": len(rows)}
+
+# %% ../nbs/07_training.ipynb #4d00cb09
+_VISION_ARGS = {"max_steps": "max_steps", "per_device_train_batch_size": "batch_size",
+                "learning_rate": "learning_rate", "seed": "seed"}
+_VISION_QUIET = {"logging_steps", "report_to", "save_strategy", "optim", "weight_decay", "lr_scheduler_type",
+                 "warmup_steps"}
+
+def _vision_kwargs(cfg: dict) -> dict:
+    "`vision.train_vision`'s arguments from the config; a note on stderr naming the keys it does not use."
+    t = {**TRAINER_DEFAULTS, "per_device_train_batch_size": 2, **cfg["trainer"]}
+    kw = {v: t[k] for k, v in _VISION_ARGS.items() if k in t}
+    kw["lora_r"] = cfg["lora"]["r"]
+    unused = [f"trainer.{k}" for k in cfg["trainer"] if k not in _VISION_ARGS and k not in _VISION_QUIET]
+    unused += [f"lora.{k}" for k in ("dropout", "target_modules", "bias", "use_rslora", "modules_to_save")
+               if cfg["lora"][k] != SCHEMA[f"lora.{k}"][0]]
+    if cfg["lora"]["alpha"] != 2 * cfg["lora"]["r"]: unused.append("lora.alpha (the image trainer uses 2 x r)")
+    unused += [k for k in ("packing", "data.eval_path") if (cfg["data"].get("eval_path") if "." in k else cfg[k])]
+    if unused: print(f"note: image rows train with vision.train_vision, which does not use: {', '.join(unused)}",
+                     file=sys.stderr)
+    return kw
+
+# %% ../nbs/07_training.ipynb #f4af343b
+def _vision_report(cfg: dict, r: dict, mem, path, seconds: float) -> dict:
+    "The report of an image run: backend, losses (one a step), time and memory, in `write_report`'s layout."
+    curve = [(i + 1, float(x)) for i, x in enumerate(r["losses"])]
+    return {"task": "vision", "model": cfg["model"]["name"], "data": str(path), "backend": r["backend"],
+            "collator": "VisionCollator", "device": hardware(), "steps": r["steps"], "rows": r["rows"],
+            "first_loss": curve[0][1] if curve else None, "final_loss": curve[-1][1] if curve else None,
+            "losses": [x for _, x in curve], "loss_curve": curve, "train_seconds": r["seconds"],
+            "peak_rss_mb": round(mem.peak_mb, 1), "baseline_rss_mb": round(mem.baseline_mb, 1),
+            "cuda_peak_mb": mem.cuda_peak_mb, "rss_timeline": _thin(mem.timeline), "seconds": round(seconds, 3),
+            "adapter": r.get("adapter")}
+
+# %% ../nbs/07_training.ipynb #5077aef3
+VISION_SUMMARY_KEYS = ("task", "backend", "steps", "rows", "first_loss", "final_loss", "losses", "train_seconds",
+                       "peak_rss_mb", "cuda_peak_mb", "adapter", "seconds")
+
+def train_images(cfg: dict, resume=None) -> dict:
+    "Image rows: LoRA through `vision.train_vision` (FastVisionModel on a GPU, transformers + PEFT on CPU) + report."
+    import torch
+    from unsloth_prep.memory import track
+    from unsloth_prep.vision import train_vision
+    if resume: raise ValueError(f"{cfg['_source']}: image rows cannot resume from a checkpoint yet (--resume)")
+    path, proc = _vision_source(cfg)
+    _check_vision_rows(path, cfg["max_seq_length"])
+    kw, out = _vision_kwargs(cfg), Path(cfg["output_dir"]).resolve()
+    threads = cfg["model"]["cpu_threads"]
+    if threads and not torch.cuda.is_available(): torch.set_num_threads(threads)
+    t0 = time.perf_counter()
+    with track("train", interval=0.02) as mem:
+        r = train_vision(path, cfg["model"]["name"], out, processor_dir=proc, **kw)
+    report = _vision_report(cfg, r, mem, path, time.perf_counter() - t0)
+    jp, pp = write_report(report, out)
+    return {**{k: report[k] for k in VISION_SUMMARY_KEYS}, "device": report["device"]["device"], "report": str(jp),
+            "report_png": str(pp)}
+
+# %% ../nbs/07_training.ipynb #24d93651
 SUMMARY_KEYS = ("first_loss", "final_loss", "final_eval_loss", "steps", "tokens", "tokens_per_s", "train_seconds",
                 "peak_rss_mb", "cuda_peak_mb", "packed", "dtype", "adapter", "resumed_from")
 
@@ -592,6 +698,8 @@ def train(config, train_dataset=None, callbacks=None, keep_batches: int = 0, ret
     from unsloth_prep.memory import track
     cfg = config if isinstance(config, dict) and "_source" in config else load_config(config)
     check_run(cfg, train_dataset)
+    if cfg["task"] == "sft" and train_dataset is None and is_vision_data(cfg["data"]["path"]):
+        return train_images(cfg, resume)
     if cfg["task"] != "sft":
         return _train_task(cfg, train_dataset, return_trainer)
     out = Path(cfg["output_dir"]).resolve()
@@ -676,7 +784,7 @@ def train_args(parser):
                              "'latest' starts at step 0 when there is none yet")
     return parser
 
-# %% ../nbs/07_training.ipynb #3bd8d600
+# %% ../nbs/07_training.ipynb #dca0f68d
 def train_main(args) -> dict:
     "Run `unsloth-prep train`: validate the config, train, print where the artefacts are, return the summary."
     overrides = {}
@@ -690,10 +798,14 @@ def train_main(args) -> dict:
     cfg = load_config(args.config, overrides)
     prerun_check(cfg)
     s = train(cfg, resume=args.resume)
+    f = lambda x: "n/a" if x is None else f"{x:.3f}"
+    if s.get("task") == "vision":
+        print(f"vision ({s['backend']}): loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps, "
+              f"peak RSS {s['peak_rss_mb']:.0f} MB\nadapter: {s['adapter']}\nreport: {s['report']}")
+        return s
     if cfg["task"] != "sft":
         print(f"{cfg['task']}: {s['steps']} steps, adapter: {s['adapter']}")
         return s
-    f = lambda x: "n/a" if x is None else f"{x:.3f}"
     if s["resumed_from"]:
         print(f"resumed from {s['resumed_from']}")
     print(f"loss {f(s['first_loss'])} -> {f(s['final_loss'])} in {s['steps']} steps (eval loss "
