@@ -185,6 +185,12 @@ def test_csv_long_field_and_bad_utf8(tmp_path):
     with pytest.raises(ValueError, match=r"latin.csv: line 3: .*UTF-8"): list(iter_conversations(str(bad)))
 
 
+def test_text_corpus_bad_utf8_names_the_line(tmp_path):
+    src = tmp_path / "corpus.txt"
+    src.write_bytes(b"first document\nsecond caf\xe9\nthird\n")
+    refused(inspect(src), src, "line 2", "UTF-8")
+
+
 BAD_RECORDS = [  # (record, words the reason contains); each a bad record, counted and kept with its line
     ({"conversations": [{"from": ["human"], "value": "hi"}, {"from": "gpt", "value": "x"}]}, "role"),
     ({"conversations": [{"from": {"a": 1}, "value": "hi"}, {"from": "gpt", "value": "x"}]}, "role"),

@@ -12,9 +12,9 @@ import orjson
 MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it when reading the folder
 
 # %% auto #0
-__all__ = ['MANIFEST', 'positive_int', 'nonneg_int', 'positive_float', 'atomic_path', 'clean_dead', 'check_paths', 'fraction',
-           'bytes_read', 'Progress', 'input_bytes', 'progress_iter', 'progress_args', 'round_up', 'record_key',
-           'ParquetSink', 'shard_paths', 'prepared_settings']
+__all__ = ['MANIFEST', 'positive_int', 'nonneg_int', 'positive_float', 'atomic_path', 'clean_dead', 'default_rejects_path',
+           'check_paths', 'fraction', 'bytes_read', 'Progress', 'input_bytes', 'progress_iter', 'progress_args',
+           'round_up', 'record_key', 'ParquetSink', 'shard_paths', 'prepared_settings']
 
 # %% ../nbs/00a_base.ipynb #519b6d9a
 @contextmanager
@@ -47,6 +47,12 @@ def clean_dead(dst) -> list:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         out.append(p)
     return out
+
+# %% ../nbs/00a_base.ipynb #34fe0e2c
+def default_rejects_path(dst) -> Path:
+    "Rejects file next to the output: `out.parquet` -> `out.rejects.jsonl`, `out_dir` -> `out_dir.rejects.jsonl`."
+    dst = Path(dst)
+    return dst.with_suffix(".rejects.jsonl") if dst.suffix == ".parquet" else dst.parent / (dst.name + ".rejects.jsonl")
 
 # %% ../nbs/00a_base.ipynb #1ec32a9f
 def _real(p) -> Path:

@@ -207,7 +207,7 @@ def _loss_curve(trained: dict) -> list:
         return [[i + 1, loss] for i, loss in enumerate(trained["losses"])]
     return [[1, trained.get("first_loss")], [trained.get("steps"), trained.get("final_loss")]]
 
-# %% ../nbs/09_demo.ipynb #0f253488
+# %% ../nbs/09_demo.ipynb #e69b8cad
 def demo_args(p):
     "Arguments of `unsloth-prep demo`."
     p.add_argument("--out", default="demo_out", help="output folder for data, model links, logs and the report")
@@ -217,7 +217,8 @@ def demo_args(p):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-seq-length", type=int, default=None, help="training length, the block size for pretrain "
                    "(default: 256, pretrain 128; small so the CPU demo is quick)")
-    p.add_argument("--steps", type=int, default=None, help="training steps (default: sft 30, dpo, pretrain and vision 12)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="training steps (default: sft 30, dpo, pretrain and vision 12)")
     return p
 
 # %% ../nbs/09_demo.ipynb #ea5281ba

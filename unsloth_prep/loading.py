@@ -362,12 +362,13 @@ def iter_parquet(path, batch_size: int = 1024, columns: list | None = None, row_
                 yield i, rec
                 i += 1
 
-# %% ../nbs/02_loading.ipynb #ca6d2b51
+# %% ../nbs/02_loading.ipynb #f131aad0
 def iter_text(path) -> Iterator[tuple[int, dict]]:
-    "Yield `(line_no, {'text': line})` for every non-blank line of a text file."
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
+    "Yield `(line_no, {'text': line})` for every non-blank line of a text file; bytes that are not UTF-8 name the line."
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="surrogateescape", newline="") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
+            if _bad_text(line): raise ValueError(f"{path}: line {n}: not valid UTF-8")
             if line.strip(): yield n, {"text": line}
 
 # %% ../nbs/02_loading.ipynb #40e9a697

@@ -664,7 +664,7 @@ def _vision_report(cfg: dict, r: dict, mem, path, seconds: float) -> dict:
             "cuda_peak_mb": mem.cuda_peak_mb, "rss_timeline": _thin(mem.timeline), "seconds": round(seconds, 3),
             "adapter": r.get("adapter")}
 
-# %% ../nbs/07_training.ipynb #5077aef3
+# %% ../nbs/07_training.ipynb #2bbdab8c
 VISION_SUMMARY_KEYS = ("task", "backend", "steps", "rows", "first_loss", "final_loss", "losses", "train_seconds",
                        "peak_rss_mb", "cuda_peak_mb", "adapter", "seconds")
 
@@ -677,8 +677,9 @@ def train_images(cfg: dict, resume=None) -> dict:
     path, proc = _vision_source(cfg)
     _check_vision_rows(path, cfg["max_seq_length"])
     kw, out = _vision_kwargs(cfg), Path(cfg["output_dir"]).resolve()
-    threads = cfg["model"]["cpu_threads"]
-    if threads and not torch.cuda.is_available(): torch.set_num_threads(threads)
+    threads, cuda = cfg["model"]["cpu_threads"], torch.cuda.is_available()
+    if cuda: import_stack()   # FastVisionModel: Unsloth imported before transformers and TRL, as for text runs
+    if threads and not cuda: torch.set_num_threads(threads)
     t0 = time.perf_counter()
     with track("train", interval=0.02) as mem:
         r = train_vision(path, cfg["model"]["name"], out, processor_dir=proc, **kw)
