@@ -68,6 +68,12 @@ def test_eval_split_for_every_task(data, tmp_path, task):
 
 
 def test_ray_engine_gives_the_same_rows_for_every_task(data, tmp_path):
+    import ray
+    try: _ray_rows(data, tmp_path)
+    finally: ray.shutdown()   # the cluster this test started in the test process
+
+
+def _ray_rows(data, tmp_path):
     from unsloth_prep.cli import main
     from contextlib import redirect_stdout
     import io

@@ -116,7 +116,7 @@ def test_cli_helper_pack(corpus, tmp_path):
 def ray_cluster():
     """One local Ray cluster (2 CPUs) for the module; started here, shut down after."""
     ray = pytest.importorskip("ray")
-    if not os.environ.get("RAY_ADDRESS"):
+    if not os.environ.get("RAY_ADDRESS") and not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, configure_logging=False,
                  runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}})
     yield ray
