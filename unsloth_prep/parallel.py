@@ -91,7 +91,7 @@ def prepare_shard(spec: dict, tokenizer, out, fmt: str, on_error: str = "raise",
     if dropped: s["images_dropped"] = sum(dropped)
     return {**s, "source": {k: v for k, v in spec.items() if k != "kind"}}
 
-# %% ../nbs/04a_scale.ipynb #bea218b8
+# %% ../nbs/04a_scale.ipynb #7d9840e9
 def _kept_rejects(job: dict, run) -> dict:
     "Run `run(rejects)` with a Rejects that writes the job's rejects file; the summary with rejects and source."
     rej = Rejects(path=job.get("rejects"), keep=100)
@@ -135,8 +135,9 @@ def _vision_shard(job: dict, tok=None, report=None) -> dict:
 def _documents_shard(job: dict, tok, report=None) -> dict:
     "The token ids of one shard's documents (pretraining), one row per document."
     from unsloth_prep.pretrain import tokenize_documents
-    return _kept_rejects(job, lambda rej: tokenize_documents(job["spec"], tok, job["out"], on_error=job["on_error"],
-                                                             rejects=rej, **job["prepare_kw"]))
+    s = _kept_rejects(job, lambda rej: tokenize_documents(job["spec"], tok, job["out"], on_error=job["on_error"],
+                                                          rejects=rej, **job["prepare_kw"]))
+    return {**s, "eos_token_id": tok.eos_token_id}  # what the blocks put between documents
 
 # %% ../nbs/04a_scale.ipynb #9772d963
 def input_identity(specs: list) -> list[dict]:
@@ -147,11 +148,11 @@ def input_identity(specs: list) -> list[dict]:
         out.append({"path": os.path.abspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
     return out
 
-# %% ../nbs/04a_scale.ipynb #8016a0bc
+# %% ../nbs/04a_scale.ipynb #7127c979
 _SUMS = ("records", "rows", "tokens", "trainable_tokens", "dropped", "truncated", "rejected")
 
 _COUNTS = ("dropped_reasons", "source", "worker", "examples", "documents", "empty_docs", "lost_parts", "reference_rows",
-           "images", "image_tokens", "images_dropped", "prompt_tokens_cut", "encoder", "task")
+           "images", "image_tokens", "images_dropped", "prompt_tokens_cut", "encoder", "task", "eos_token_id")
 
 def _shard_entry(s: dict, out_dir: Path, sums: tuple = _SUMS) -> dict:
     "What the manifest keeps of one shard's summary."

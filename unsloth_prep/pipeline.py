@@ -23,9 +23,9 @@ TASKS = ("sft",) + PAIR_TASKS + ("pretrain",)
 
 # %% auto #0
 __all__ = ['TASKS', 'SFT', 'PAIRS', 'TEXT', 'OPTIONS', 'COMMON', 'DEFAULTS', 'add_options', 'prepare_args', 'check_options',
-           'apply_config', 'resolve_data', 'detect_task', 'task_keywords', 'settings_of', 'run_task', 'finish',
-           'prepare_one', 'verify_output', 'task_records', 'split_files', 'prepare_split', 'prepare_main', 'stats_args',
-           'stats_main', 'convert_args', 'convert_main']
+           'apply_config', 'resolve_data', 'detect_task', 'task_keywords', 'settings_of', 'run_task', 'shards_eos',
+           'finish', 'prepare_one', 'verify_output', 'task_records', 'split_files', 'prepare_split', 'prepare_main',
+           'stats_args', 'stats_main', 'convert_args', 'convert_main']
 
 # %% ../nbs/04e_pipeline.ipynb #8a13d378
 SFT, PAIRS, TEXT = ("sft",), PAIR_TASKS, ("pretrain",)
@@ -215,13 +215,18 @@ def _rejects_out(args, m: dict, shards: Path, out: Path) -> str | None:
     dst = Path(args.rejects) if args.rejects else default_rejects_path(out)
     return str(_join_rejects(files, dst)) if files else None
 
-# %% ../nbs/04e_pipeline.ipynb #e886369c
+# %% ../nbs/04e_pipeline.ipynb #377e4b52
+def shards_eos(shards: Path):
+    "The EOS id the documents' shards were tokenized with (recorded in their manifest)."
+    m = json.loads((shards / MANIFEST).read_text())
+    return next((s["eos_token_id"] for s in m["shards"] if s.get("eos_token_id") is not None), None)
+
 def _blocks(args, shards: Path, out: Path, settings: dict) -> dict:
     "Pretraining: the documents' ids of the shards, in order, cut into blocks."
     from unsloth_prep.pretrain import blocks_from_documents
     size = args.block_size or args.max_seq_length
     if not size: raise ValueError("prepare --task pretrain needs --block-size or --max-seq-length (tokens per block)")
-    eos = load_tokenizer(args.tokenizer, require_template=False).eos_token_id
+    eos = shards_eos(shards)  # from the shards' tokenizer: no second tokenizer in this process
     if eos is None: raise ValueError(f"{args.tokenizer}: the tokenizer has no eos_token to put between documents")
     return blocks_from_documents(shard_paths(shards), out, size, eos, args.stride, bool(args.keep_last),
                                  {**settings, "block_size": size})

@@ -222,7 +222,7 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
                            rejected_lines=rej.lines[:20], out=str(out), encoder=tok.name,
                            seconds=round(time.perf_counter() - t0, 3))
 
-# %% ../nbs/04b_pretrain.ipynb #fdacfc9f
+# %% ../nbs/04b_pretrain.ipynb #fc31ac92
 def _ids_table(rows: list):
     "A one-column table `input_ids: list<int32>` of token id lists, built from flat numpy buffers."
     import pyarrow as pa
@@ -236,18 +236,18 @@ def tokenize_documents(data, tokenizer, out, text_field: str = "text", txt_mode:
     counts, lengths = {"empty_docs": 0}, array("q")
     ids = _encode(iter_documents(data, text_field, txt_mode, on_error, rej, counts), rust, batch_size, lengths)
     with ParquetSink(out, _ids_table([]).schema) as sink:
-        while rows := list(islice(ids, 4096)): sink.write(_ids_table(rows))
+        while rows := list(islice(ids, 512)): sink.write(_ids_table(rows))
     return {"out": str(out), "records": len(lengths) + counts["empty_docs"] + rej.count, "documents": len(lengths),
             "empty_docs": counts["empty_docs"], "rejected": rej.count, "tokens": int(sum(lengths)),
             "encoder": rust.name, "rejects": rej.items}
 
-# %% ../nbs/04b_pretrain.ipynb #5c6792d0
+# %% ../nbs/04b_pretrain.ipynb #fa517fcb
 def _file_ids(files, lengths: array) -> Iterator[list[int]]:
     "Documents' token ids from the Parquet files of `tokenize_documents`, in order; their lengths appended."
     import pyarrow.parquet as pq
     for f in files:
         with pq.ParquetFile(f) as pf:
-            for b in pf.iter_batches(batch_size=4096, columns=["input_ids"]):
+            for b in pf.iter_batches(batch_size=256, columns=["input_ids"]):  # a few MB of ids at a time
                 for ids in b.column(0).to_pylist():
                     lengths.append(len(ids))
                     yield ids
