@@ -12,3 +12,10 @@ def run(*args, check=True, timeout=900):
 def last_json(proc):
     """The JSON summary on the last line of a command's output."""
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def read_rows(out, split="train", columns=None):
+    """The rows of a prepared output as a list of dicts, in order, whatever its layout (one file or a folder)."""
+    import pyarrow.parquet as pq
+    from unsloth_prep.base import shard_paths
+    return [r for f in shard_paths(out) for r in pq.read_table(f, columns=columns).to_pylist()]
