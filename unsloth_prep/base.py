@@ -14,7 +14,7 @@ MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it wh
 # %% auto #0
 __all__ = ['MANIFEST', 'positive_int', 'nonneg_int', 'positive_float', 'atomic_path', 'clean_dead', 'default_rejects_path',
            'check_paths', 'fraction', 'bytes_read', 'Progress', 'input_bytes', 'progress_iter', 'progress_args',
-           'round_up', 'record_key', 'ParquetSink', 'shard_paths', 'prepared_settings']
+           'round_up', 'record_key', 'ParquetSink']
 
 # %% ../nbs/00a_base.ipynb #519b6d9a
 @contextmanager
@@ -233,29 +233,3 @@ def __exit__(self: ParquetSink, *exc):
     finally:
         done = self._cm.__exit__(*exc)
     return done
-
-# %% ../nbs/00a_base.ipynb #4fa49cf3
-def shard_paths(path) -> list[Path]:
-    "Parquet files of a prepared output in order: the file itself, or the shards of a manifest (or its folder)."
-    p = Path(path)
-    if p.is_dir():
-        if not (p / MANIFEST).exists():
-            raise ValueError(f"{p}: no {MANIFEST}, so the shard set is incomplete (a run failed or is still going)")
-        p = p / MANIFEST
-    if not p.exists(): raise FileNotFoundError(f"{p}: no such file")
-    if p.suffix != ".json": return [p]
-    m = json.loads(p.read_text())
-    files = [p.parent / s["path"] for s in m["shards"]]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing: raise ValueError(f"{p}: shard files missing: {', '.join(missing[:5])}")
-    return files
-
-def prepared_settings(path) -> dict | None:
-    "The settings a prepared output records: a shard folder's manifest, or a Parquet file's `unsloth_prep` metadata."
-    files = shard_paths(path)
-    p = Path(path)
-    if p.is_dir() or p.suffix == ".json":
-        return json.loads(((p / MANIFEST) if p.is_dir() else p).read_text()).get("settings")
-    import pyarrow.parquet as pq
-    meta = pq.read_schema(files[0]).metadata or {}
-    return json.loads(meta[b"unsloth_prep"]) if b"unsloth_prep" in meta else None

@@ -24,7 +24,7 @@ COMMANDS = {
     "plan": ("unsloth_prep.oom", "VRAM estimate and recommended settings for a GPU"),
     "train": ("unsloth_prep.training", "train LoRA with Unsloth from a YAML config (SFT, pretraining, DPO/ORPO/KTO)"),
     "doctor": ("unsloth_prep.doctor", "find the data and config problems that break fine-tuning"),
-    "export": ("unsloth_prep.lifecycle", "merge a run's LoRA adapter into the base model, with its tokenizer"),
+    "export": ("unsloth_prep.export", "merge a run's LoRA adapter into the base model, with its tokenizer"),
 }
 
 # %% ../nbs/10_cli.ipynb #85d24fbb

@@ -14,7 +14,7 @@ __all__ = ['CLI', 'TASK_TRAINING', 'VISION_MODEL_CMD', 'DEMO_TASKS', 'run_stage'
 # %% ../nbs/09_demo.ipynb #6901fb50
 # the `unsloth-prep` entry point, with `export` registered where the command table does not list it yet
 CLI = [sys.executable, "-c", "import sys; from unsloth_prep import cli; cli.COMMANDS.setdefault('export', "
-       "('unsloth_prep.lifecycle', 'merge a LoRA run into its base model')); sys.exit(cli.main())"]
+       "('unsloth_prep.export', 'merge a LoRA run into its base model')); sys.exit(cli.main())"]
 
 
 def run_stage(name: str, argv: list, out_dir: Path, ok_codes=(0,), cmd: list | None = None) -> dict:
@@ -83,7 +83,7 @@ TASK_TRAINING = {  # what a `dpo`, `pretrain` or `vision` run changes in the dem
                "trainer": {"learning_rate": 1e-2, "warmup_steps": 0}},
 }
 
-# %% ../nbs/09_demo.ipynb #3845c907
+# %% ../nbs/09_demo.ipynb #fa2cc4fb
 def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: int, task: str = "sft",
                  source: Path | None = None) -> Path:
     "Write the YAML config the demo prepares (`prepare --config`) and trains from: the same file a user would write."
@@ -98,8 +98,8 @@ def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: 
            "lora": {"r": 16, "alpha": 32, "modules_to_save": ["lm_head"]}, "output_dir": str(out / "run"),
            "trainer": {"max_steps": steps, "learning_rate": 1e-2, "warmup_steps": 2, "per_device_train_batch_size": 4,
                        "logging_steps": 1}}
-    if task != "sft":
-        change = TASK_TRAINING[task]
+    change = TASK_TRAINING.get(task)
+    if change:
         cfg |= {"task": task, **{k: v for k, v in change.items() if k != "trainer"}}
         cfg["trainer"] |= change["trainer"]
     path = out / "train.yaml"
