@@ -13,6 +13,7 @@ import yaml
 from clitools import last_json, run
 from unsloth_prep.config import load_config
 from unsloth_prep.fixtures import tiny_model, write_records
+from unsloth_prep.outputs import data_files
 
 CLI = (shutil.which("unsloth-prep"),) if shutil.which("unsloth-prep") else (
     sys.executable, "-c", "import sys; from unsloth_prep.cli import main; sys.exit(main())")
@@ -304,8 +305,8 @@ def prepared(tmp_path_factory):
     model = tiny_model()
     write_records(d / "raw.jsonl", n=24, seed=11)
     run(*CLI, "prepare", d / "raw.jsonl", "--tokenizer", model, "--max-seq-length", 128, "--out",
-        d / "prepared.parquet", "--no-progress")
-    return {"dir": d, "model": str(model), "data": d / "prepared.parquet"}
+        d / "prepared", "--no-progress")
+    return {"dir": d, "model": str(model), "data": d / "prepared"}
 
 
 def _train_cfg(prepared, name="run.yaml", **kw) -> Path:
@@ -325,18 +326,18 @@ MISMATCHES = [(dict(max_seq_length=256), "max_seq_length", "128", "256"),
 
 @pytest.mark.parametrize("change, key, theirs, ours", MISMATCHES)
 def test_train_stops_when_config_and_prepared_data_disagree(prepared, change, key, theirs, ours):
-    # the settings `prepare` itself recorded (base.prepared_settings of the CLI's output)
+    # the settings `prepare` itself recorded (outputs.settings_of the CLI's output folder: its manifest)
     f = _train_cfg(prepared, f"mismatch_{key}.yaml", **change)
     t0 = time.perf_counter()
     p = cli("train", f, timeout=120)
-    line = refused(p, "prepared.parquet", key, theirs, ours)
+    line = refused(p, prepared["data"], key, theirs, ours)
     assert time.perf_counter() - t0 < 60, "the check runs before the model is loaded"
     assert not (prepared["dir"] / f"mismatch_{key}" / "adapter").exists(), line
 
 
 @pytest.mark.parametrize("change, key, theirs, ours", MISMATCHES)
 def test_train_compares_the_recorded_settings(tmp_path, change, key, theirs, ours):
-    # the same check on settings written the way base.prepared_settings reads them (Parquet key-value metadata)
+    # the same check on one Parquet file's settings (outputs.settings_of reads its key-value metadata)
     from unsloth_prep.base import ParquetSink
     model = str(tiny_model())
     data = tmp_path / "prepared.parquet"
@@ -350,7 +351,7 @@ def test_train_compares_the_recorded_settings(tmp_path, change, key, theirs, our
 
 
 def test_train_with_max_steps_minus_one_trains_the_epochs_and_says_so(prepared):
-    rows = pq.ParquetFile(prepared["data"]).metadata.num_rows
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in data_files(prepared["data"]))
     f = _train_cfg(prepared, "epochs.yaml", trainer={"max_steps": -1, "num_train_epochs": 1,
                                                       "per_device_train_batch_size": 4, "warmup_steps": 0})
     p = cli("train", f, timeout=600)
