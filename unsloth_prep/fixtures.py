@@ -176,7 +176,7 @@ def build_tokenizer(vocab_size: int = 4096, seed: int = 0):
     fast.model_max_length = TINY_SPEC["max_position_embeddings"]
     return fast
 
-# %% ../nbs/01_fixtures.ipynb #e95543f8
+# %% ../nbs/01_fixtures.ipynb #2c495ef0
 def build_tiny_model(path, spec: dict | None = None) -> Path:
     "Build the tokenizer and a randomly initialised tiny `LlamaForCausalLM` into `path` (written atomically)."
     import torch
@@ -208,9 +208,12 @@ def tiny_model(path=None, spec: dict | None = None) -> Path:
     path = Path(path) if path else default_cache_dir() / f"tiny-llama-{_spec_hash(spec)}"
     marker = path / "unsloth_prep_fixture.json"
     if marker.exists() and json.loads(marker.read_text()) == spec: return path
+    if (path.exists() or path.is_symlink()) and not marker.exists():   # a folder (or file) the user owns
+        raise ValueError(f"{path}: exists and is not a tiny model unsloth-prep built (no {marker.name}); "
+                         "choose a new folder")
     return build_tiny_model(path, spec)
 
-# %% ../nbs/01_fixtures.ipynb #1c63b6e6
+# %% ../nbs/01_fixtures.ipynb #8f72af35
 def tiny_model_args(p):
     "Arguments of `unsloth-prep tiny-model`."
     p.add_argument("dir", nargs="?", help="output folder (default: the cache dir)")
@@ -236,10 +239,13 @@ def generate_args(p):
     p.add_argument("--empty-rate", type=float, default=0.0)
     p.add_argument("--huge-every", type=int, default=0, help="every Nth record gets a 200k-character response")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
 
 def generate_main(args) -> dict:
     "Write generated records and report the counts."
     out = str(args.out)
+    if (Path(out).exists() or Path(out).is_symlink()) and not args.overwrite:
+        raise ValueError(f"{out}: exists; choose a new path, or pass --overwrite to replace it")
     if args.format in OTHER_KINDS:  # text corpora and preference data: defined further down
         return GENERATED_KINDS[args.format](args)
     layout = "json_array" if out.removesuffix(".gz").endswith(".json") else "jsonl"

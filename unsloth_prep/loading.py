@@ -1089,7 +1089,7 @@ def _short(x, n: int = 200):
     if isinstance(x, dict): return {k: _short(v, n) for k, v in x.items()}
     return x
 
-# %% ../nbs/02_loading.ipynb #4048df2c
+# %% ../nbs/02_loading.ipynb #5b68b0f7
 def inspect_args(parser):
     "Arguments of `unsloth-prep inspect`."
     parser.add_argument("data", nargs="*", help="data files, folders, globs (JSONL, JSON array, CSV, Parquet, txt; "
@@ -1102,6 +1102,7 @@ def inspect_args(parser):
     parser.add_argument("--split", default="train")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many records")
     parser.add_argument("--rejects", default=None, help="write malformed and invalid records to this JSONL file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --rejects file")
     from unsloth_prep.base import progress_args  # --no-progress
     progress_args(parser)
     return parser
@@ -1119,13 +1120,15 @@ def _inspect_input(args) -> tuple:
     limit = min(x for x in (args.limit, entry["num_samples"]) if x) if (args.limit or entry["num_samples"]) else None
     return entry["data"], fmt, limit, {**entry["mapping"], **(mapping or {})}
 
-# %% ../nbs/02_loading.ipynb #c109814e
+# %% ../nbs/02_loading.ipynb #b6597f2b
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     data, fmt, limit, mapping = _inspect_input(args)
     shards = None if is_hub_name(data) else plan_shards(resolve_files(data))
     files = [data] if shards is None else [s["path"] for s in shards]
-    check_paths([] if shards is None else files, [args.rejects])      # a rejects file never replaces an input
+    if args.rejects:                                                   # never an input; new, or asked to replace
+        from unsloth_prep.outputs import check_output
+        check_output(args.rejects, [] if shards is None else files, args.overwrite, "--rejects", folder=False)
     rej = Rejects(path=args.rejects)
     if shards is None:
         src = load_stream(data, split=args.split)

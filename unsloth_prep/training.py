@@ -599,13 +599,15 @@ def match_prepared(cfg: dict) -> dict:
                 raise ValueError(_disagree(cfg, path, key, name, value, settings))
     return found
 
-# %% ../nbs/07_training.ipynb #2c2771c2
+# %% ../nbs/07_training.ipynb #4dab36db
 def check_run(cfg: dict, train_dataset=None) -> dict:
     "The checks `train` makes before loading anything: prepared settings, outputs vs inputs; prints the schedule note."
     from unsloth_prep.base import check_paths
     found = match_prepared(cfg) if train_dataset is None else {}
     out = Path(cfg["output_dir"])
     check_paths(_data_paths(cfg), [out / "adapter", out / "checkpoints", out / "report.json", out / "report.png"])
+    models = [p for p in (cfg["model"]["name"], cfg["data"].get("tokenizer")) if p and os.path.exists(str(p))]
+    check_paths(models, [out])                       # the run never writes into (or over) its model's folder
     steps = {**TRAINER_DEFAULTS, **cfg["trainer"]}.get("max_steps")
     if steps is not None and steps < 0:
         epochs = cfg["trainer"].get("num_train_epochs", 3)
