@@ -29,7 +29,7 @@ def _records_file(records, cache: Path) -> Path:
     os.replace(tmp_path, dst)
     return dst
 
-# %% ../nbs/09a_api.ipynb #41fd8227
+# %% ../nbs/09a_api.ipynb #e0a3ead7
 def _rows_of(data, split: str | None):
     "The rows of a `datasets` Dataset, IterableDataset or DatasetDict (its `split`), as dicts."
     if hasattr(data, "keys") and hasattr(data, "column_names") and isinstance(data.column_names, dict):
@@ -39,8 +39,14 @@ def _rows_of(data, split: str | None):
     if hasattr(data, "iter"):
         for batch in data.iter(batch_size=1000):
             keys = list(batch)
-            yield from (dict(zip(keys, vals)) for vals in zip(*batch.values()))
+            yield from (_present(dict(zip(keys, vals))) for vals in zip(*batch.values()))
     else: yield from data
+
+def _present(x):
+    "A record without the nulls Arrow fills in for keys a record did not have (dicts inside lists too)."
+    if isinstance(x, dict): return {k: _present(v) for k, v in x.items() if v is not None}
+    if isinstance(x, list): return [_present(v) for v in x]
+    return x
 
 def data_input(data, cache: Path, split: str | None = None):
     "What `prepare` reads: paths as they are; records and datasets written once into `cache`."

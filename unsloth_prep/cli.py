@@ -59,7 +59,7 @@ def finish(summary: dict, t0: float) -> str:
     summary.setdefault("peak_rss_mb", peak_rss_mb())
     return json.dumps(summary, ensure_ascii=False, default=str)
 
-# %% ../nbs/10_cli.ipynb #5a0f1b97
+# %% ../nbs/10_cli.ipynb #da54aa86
 class Interrupted(KeyboardInterrupt):
     "Ctrl-C or SIGTERM: the command stops, its `finally` blocks clean up, and it exits 128 + the signal number."
     def __init__(self, code: int = 130): self.code = code
@@ -78,7 +78,7 @@ def _run_stage(name: str, main_fn, args, t0: float) -> int:
     except KeyboardInterrupt as e:
         code = getattr(e, "code", 130)
         print(f"unsloth-prep {name}: interrupted ({'SIGTERM' if code == 143 else 'Ctrl-C'}); nothing half-written "
-              "was left at the output", file=sys.stderr)
+              "was left at the output, and the same command resumes from the work already finished", file=sys.stderr)
         return code
     code = int(summary.pop("exit_code", 0))
     print(finish({"command": name, **summary}, t0), flush=True)

@@ -138,7 +138,7 @@ def _die_with_parent(parent: int | None):
     except (OSError, AttributeError): pass  # elsewhere the parent's cleanup still stops its workers
     if os.getppid() != parent: os._exit(1)
 
-# %% ../nbs/04a_scale.ipynb #cb74c3a1
+# %% ../nbs/04a_scale.ipynb #23ff350b
 def _worker_main(tasks, results, parent: int):
     "A worker process: run jobs from `tasks` until a None, sending progress, summaries or the first error."
     _die_with_parent(parent)
@@ -150,14 +150,16 @@ def _worker_main(tasks, results, parent: int):
             report.flush()
             results.put(("done", job["index"], s))
         except BaseException as e:
-            results.put(("error", job["index"], type(e).__name__, str(e), traceback.format_exc()))
+            kind = "OSError" if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) else type(e).__name__
+            results.put(("error", job["index"], kind, str(e), traceback.format_exc()))
             sys.exit(1)
 
-# %% ../nbs/04a_scale.ipynb #5b48b826
+# %% ../nbs/04a_scale.ipynb #7d1cbefe
 def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
     "The exception a failed shard becomes in the parent."
-    if kind in ("ValueError", "FileNotFoundError"): return ValueError(msg)
     where = job["spec"]["parts"][0]["path"]
+    if kind in ("ValueError", "FileNotFoundError"): return ValueError(msg)
+    if kind == "OSError": return OSError(f"shard {job['index']} ({where}): {msg}")   # a full disk, a lost mount
     return RuntimeError(f"shard {job['index']} ({where}) failed: {kind}: {msg}\n{tb}")
 
 class _Pool:
@@ -332,12 +334,12 @@ class Journal:
 
     def close(self): self.f.close()
 
-# %% ../nbs/04a_scale.ipynb #bffc6b8d
+# %% ../nbs/04a_scale.ipynb #68cb2bdf
 def _keep_only(build: Path, reused: dict):
-    "Remove from `build` every file a reused shard does not own (and stale split inputs stay where they are)."
+    "Remove from `build` every file a reused shard does not own (the files the plan just wrote stay)."
     keep = {Path(f).name for s in reused.values() for f in [*s.get("files", []), s.get("rejects_file")] if f}
     for f in build.iterdir():
-        if f.name in keep or f.name in (JOURNAL, "_split"): continue
+        if f.name in keep or f.name == JOURNAL or f.name.startswith("_split"): continue   # the plan's files stay
         shutil.rmtree(f) if f.is_dir() else f.unlink()
 
 # %% ../nbs/04a_scale.ipynb #fe3a9dd7
@@ -395,7 +397,7 @@ def _run_split(step: Step, split: str, jobs: list, opts: Options, build: Path, j
     files, info = done if isinstance(done, tuple) else (done, {})
     return summaries, {"rows": 0, **info, "files": _name_files(build, split, files)}
 
-# %% ../nbs/04a_scale.ipynb #48820c3e
+# %% ../nbs/04a_scale.ipynb #a21483bb
 def identity(step: Step, opts: Options, files: list, digests: Digests | None = None) -> str:
     "The identity of a run: its key and the bytes of its input files."
     digests = digests if digests is not None else Digests()
@@ -412,7 +414,7 @@ def run_build(step: Step, plan, opts: Options, out, ident: str, manifest: dict |
             shutil.rmtree(build, ignore_errors=True)
             return {**done, "reused_shards": len(done.get("shards", [])), "up_to_date": True}
         try: m = _build(step, plan, opts, build, {**(manifest or {}), "identity": ident}, digests)
-        except ValueError:
+        except (ValueError, OSError):   # bad input, a full disk: nothing is left behind (a crash or a signal keeps it)
             shutil.rmtree(build, ignore_errors=True)
             raise
         publish(build, out)
