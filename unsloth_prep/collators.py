@@ -534,14 +534,15 @@ def _packed_settings(src, L: int) -> dict:
     except (ValueError, KeyError): settings = {}
     return {**settings, "packed": True, "max_seq_length": L}
 
-# %% ../nbs/05_collators.ipynb #83838593
+# %% ../nbs/05_collators.ipynb #f677e570
 def pack_parquet(src, dst, max_seq_length: int, overflow: str = "drop", rejects=None, row_group_rows: int | None = None,
                  mask_boundary_labels: bool = True, progress: bool | None = None) -> dict:
     "Pack tokenized Parquet (a file, a shard folder or a manifest) into `dst` in bounded memory, atomically."
     t0, dst, L = time.perf_counter(), Path(dst), int(max_seq_length)
     if L < 1: raise ValueError(f"{dst}: max_seq_length must be a positive number of tokens, got {max_seq_length}")
     rej_path = Path(rejects) if rejects else dst.with_name(dst.stem + ".rejects.parquet")
-    check_paths([*([] if isinstance(src, (list, tuple)) else [src]), *prepared_files(src)], [dst, rej_path])           # before anything is opened for writing
+    given = [] if isinstance(src, (list, tuple)) else [src]
+    check_paths([*given, *prepared_files(src)], [dst, rej_path])           # before anything is opened for writing
     files, schema = _open_inputs(src)
     names = [n for n in schema.names if n != "attention_mask"]    # the mask is dropped anyway
     R = row_group_rows or max(1, (1 << 21) // L)                   # row groups of about 2M tokens

@@ -788,7 +788,7 @@ def _join_files(files: list, dst) -> None:
                 with open(f, "rb") as src: shutil.copyfileobj(src, out)
                 os.remove(f)
 
-# %% ../nbs/03_convert.ipynb #bbbf6f0c
+# %% ../nbs/03_convert.ipynb #dffec1ed
 class ConvertStep(Step):
     "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
     name, command, columns = "convert", "convert", ()
@@ -809,7 +809,8 @@ class ConvertStep(Step):
         s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes")}
         return {**s, "files": files, "coerced": _summed(r["coerced"] for r in got),
                 "json_text_fields": sorted({f for r in got for f in r["json_text_fields"]}),
-                "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20], "format": got[0]["format"],
+                "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20],
+                "format": got[0]["format"],
                 "rejects": [{"line": n} for r in got for n in r["first_rejected_lines"]][:20]}
 
 def _summed(dicts) -> dict:

@@ -831,12 +831,13 @@ def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: 
     report_lost(counts, data)
     return st, counts, rejects.count
 
-# %% ../nbs/04_tokenization.ipynb #31bbdad0
+# %% ../nbs/04_tokenization.ipynb #aa91f0d7
 from .base import positive_int
 from .steps import STEPS, Step, declare, register
 from .tokenizer import ENCODERS, template_folder
 
-declare("template", help="chat template: an Unsloth name (chatml, llama-3.1, qwen-2.5, ...); default: the tokenizer's own")
+declare("template", help="chat template: an Unsloth name (chatml, llama-3.1, qwen-2.5, ...); default: the "
+                          "tokenizer's own")
 declare("encoder", default="auto", choices=ENCODERS, common=True, help="token encoder engine")
 declare("train_on", default="all-assistant", choices=TRAIN_ON,
         help="which turns train: all-assistant (TRL assistant_only_loss, Unsloth train_on_responses_only), "
@@ -910,11 +911,12 @@ class ChatStep(Step):
         vision = STEPS.get("vision")
         return vision if vision is not None and vision.accepts(opts.tokenizer) else self
 
-# %% ../nbs/04_tokenization.ipynb #407e3685
+# %% ../nbs/04_tokenization.ipynb #c756b135
 @patch
 def check(self: ChatStep, opts):
     "Options the chat step cannot run with."
-    if opts.on_overflow == "split": raise ValueError("--on-overflow split is for `pack`; prepare: truncate, drop, raise")
+    if opts.on_overflow == "split":
+        raise ValueError("--on-overflow split is for `pack`; prepare: truncate, drop or raise")
     if opts.pack and not opts.max_seq_length: raise ValueError("--pack needs --max-seq-length (the packed row length)")
 
 @patch
