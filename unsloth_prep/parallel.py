@@ -15,12 +15,14 @@ from .base import MANIFEST, Progress, clean_dead, default_rejects_path
 __all__ = ['shard_specs', 'shard_records', 'prepare_shard', 'input_identity', 'write_manifest', 'rows_digest', 'worker_info',
            'job_key', 'run_shards', 'run_prepare_sharded', 'convert_shard', 'run_convert_sharded']
 
-# %% ../nbs/04a_scale.ipynb #f3bf60c1
+# %% ../nbs/04a_scale.ipynb #f938ae45
+from unsloth_prep.base import is_url
+from unsloth_prep.loading import file_identity, file_size, open_parquet   # a local path or a URL alike
+
 def _row_group_parts(spec: dict, k: int) -> list[dict]:
     "Split a Parquet spec into up to `k` specs of consecutive row groups (`first_row`: the row index they start at)."
-    import pyarrow.parquet as pq
-    md = pq.ParquetFile(spec["path"]).metadata
-    n, out, first, size = md.num_row_groups, [], 0, os.path.getsize(spec["path"])
+    with open_parquet(spec["path"]) as pf: md = pf.metadata
+    n, out, first, size = md.num_row_groups, [], 0, file_size(spec["path"])
     bounds = sorted({round(i * n / k) for i in range(k + 1)})
     for a, b in zip(bounds, bounds[1:]):
         rows = sum(md.row_group(g).num_rows for g in range(a, b))
@@ -32,7 +34,7 @@ def _row_group_parts(spec: dict, k: int) -> list[dict]:
 def _spec_bytes(s: dict) -> int:
     "Bytes of input a shard spec covers (a row-group range: its share of the file, by rows), for progress and ETA."
     if "bytes" in s: return s["bytes"]
-    return (s["end"] or os.path.getsize(s["path"])) - s["start"]
+    return (s["end"] or file_size(s["path"])) - s["start"]
 
 # %% ../nbs/04a_scale.ipynb #ebd44130
 def shard_specs(data, n: int) -> list[dict]:
@@ -139,14 +141,10 @@ def _documents_shard(job: dict, tok, report=None) -> dict:
                                                           rejects=rej, **job["prepare_kw"]))
     return {**s, "eos_token_id": tok.eos_token_id}  # what the blocks put between documents
 
-# %% ../nbs/04a_scale.ipynb #9772d963
+# %% ../nbs/04a_scale.ipynb #99c30c04
 def input_identity(specs: list) -> list[dict]:
-    "Path, size and modification time of each input file (once per file)."
-    out = []
-    for p in dict.fromkeys(s["path"] for s in specs):
-        st = os.stat(p)
-        out.append({"path": os.path.abspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns})
-    return out
+    "What identifies each input file, once per file (`loading.file_identity`: size and mtime, an object's ETag)."
+    return [file_identity(p) for p in dict.fromkeys(s["path"] for s in specs)]
 
 # %% ../nbs/04a_scale.ipynb #7127c979
 _SUMS = ("records", "rows", "tokens", "trainable_tokens", "dropped", "truncated", "rejected")
@@ -331,12 +329,11 @@ def _jobs(specs, task: str, tokenizer, template, fmt, on_error, out_dir: Path, p
                  out=str(out_dir / f"part-{i:05d}.parquet"), rejects=str(out_dir / f"_part-{i:05d}.rejects.jsonl"),
                  prepare_kw=prepare_kw, encoder=encoder) for i, s in enumerate(specs)]
 
-# %% ../nbs/04a_scale.ipynb #4e59fbb7
+# %% ../nbs/04a_scale.ipynb #526e482b
 def job_key(job: dict) -> str:
-    "What decides a shard's rows: its spec, its input file's size and mtime, the settings (not where it is written)."
-    st = os.stat(job["spec"]["path"])
+    "What decides a shard's rows: its spec, its input file's identity, the settings (not where it is written)."
     keep = {k: v for k, v in job.items() if k not in ("out", "rejects", "index", "parent")}
-    raw = json.dumps([keep, st.st_size, st.st_mtime_ns], sort_keys=True, default=str)
+    raw = json.dumps([keep, file_identity(job["spec"]["path"])], sort_keys=True, default=str)
     return hashlib.blake2b(raw.encode(), digest_size=16).hexdigest()
 
 # %% ../nbs/04a_scale.ipynb #224f37b2
@@ -593,13 +590,13 @@ def _converted(m: dict, summaries: list, schema, text_fields, coerced: dict, dst
             "columns": [f"{f.name}: {f.type}" for f in schema], "shards": len(files), "engine": m["engine"],
             "manifest": str(dst / MANIFEST), "worker_peak_rss_mb": max(peaks, default=None)}
 
-# %% ../nbs/04a_scale.ipynb #c24ba44d
+# %% ../nbs/04a_scale.ipynb #27745aa5
 def run_convert_sharded(src, dst, workers: int = 2, rejects=None, overwrite: bool = False,
                         progress: bool | None = None, engine: str = "local", shards: int | None = None,
                         **convert_kw) -> dict:
     "Convert `src` into the folder `dst`: a Parquet shard per byte range and a manifest, by processes or Ray actors."
     from unsloth_prep.convert import _check_convert_args
-    t0, src, dst = time.perf_counter(), Path(src), Path(dst)
+    t0, src, dst = time.perf_counter(), src if is_url(src) else Path(src), Path(dst)
     convert_kw["fmt"] = _check_convert_args(src, dst, convert_kw.get("fmt", "auto"), overwrite)
     if convert_kw.get("rows_per_file"):
         raise ValueError(f"{dst}: with workers each byte range is one Parquet file; rows_per_file is for one process")
