@@ -49,6 +49,7 @@ def s3(tmp_path_factory):
 def _fill(d: Path):
     "Write the local copies and upload them: chat.jsonl, data/part-*.jsonl, chat.parquet, save_to_disk folders."
     import boto3, datasets, pyarrow as pa, pyarrow.parquet as pq, s3fs
+    datasets.disable_progress_bars()
     write_records(d / "chat.jsonl", n=400, fmt="sharegpt", malformed_rate=0.01, seed=3)
     lines = (d / "chat.jsonl").read_bytes().splitlines(keepends=True)
     (d / "data").mkdir()
@@ -164,14 +165,16 @@ def test_a_url_without_its_package_names_the_extra(s3, tmp_path):
 
 
 def test_an_object_rewritten_with_the_same_size_changes_its_identity(s3):
-    "Resume keys on what the store says of the content (the ETag), not on a size that did not change."
-    import s3fs
-    from unsloth_prep.loading import file_identity
-    fs, url = s3fs.S3FileSystem(), f"s3://{BUCKET}/identity.jsonl"
-    fs.pipe(url, b'{"text": "a"}\n')
+    "Resume keys on what the store says of the content (the ETag) now, not on a listing made before the change."
+    import boto3
+    from unsloth_prep.loading import file_identity, resolve_files
+    url = f"s3://{BUCKET}/ident/a.jsonl"
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="ident/a.jsonl", Body=b'{"text": "a"}\n')
+    assert resolve_files(f"s3://{BUCKET}/ident/*.jsonl") == [url]          # a listing the filesystem caches
     first = file_identity(url)
-    fs.pipe(url, b'{"text": "b"}\n')
-    fs.invalidate_cache()
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="ident/a.jsonl", Body=b'{"text": "b"}\n')   # behind its back
     second = file_identity(url)
     assert first["bytes"] == second["bytes"] == 14 and first["ETag"] != second["ETag"]
     assert file_identity(url) == second and second["path"] == url
+    boto3.client("s3").put_object(Bucket=BUCKET, Key="ident/b.jsonl", Body=b'{"text": "c"}\n')
+    assert len(resolve_files(f"s3://{BUCKET}/ident/*.jsonl")) == 2                 # a new object is seen at once

@@ -514,10 +514,11 @@ def _local(s: str) -> str:
     fs, p = url_fs(s)
     return p if isinstance(fs, LocalFileSystem) else s
 
-# %% ../nbs/02_loading.ipynb #3dae1d95
+# %% ../nbs/02_loading.ipynb #e5a3af7a
 def _url_files(url: str, split) -> list[str]:
     "The objects a URL, URL glob or URL folder names (a `save_to_disk` folder: its Arrow files)."
     fs, p = url_fs(url)
+    fs.invalidate_cache()                             # list the store as it is now, not as an earlier call saw it
     if any(c in p for c in "*?["):
         hits = _remote(url, lambda: fs.glob(p, detail=True))
         folders = [n for n, i in hits.items() if i["type"] == "directory"]
@@ -580,7 +581,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 
-# %% ../nbs/02_loading.ipynb #287fe753
+# %% ../nbs/02_loading.ipynb #c4105f46
 _CONTENT_TAGS = ("ETag", "etag", "VersionId", "version_id", "md5Hash", "crc32c", "generation", "blob_id")
 _TIMES = ("LastModified", "last_modified", "mtime", "created")
 
@@ -592,6 +593,7 @@ def file_identity(path) -> dict:
         st = os.stat(p)
         return {"path": os.path.abspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
     fs, inside = url_fs(p)
+    fs.invalidate_cache(inside)                       # what the store says now, not an earlier listing
     info = _remote(p, lambda: fs.info(inside))
     tags = {k: str(info[k]) for k in _CONTENT_TAGS if info.get(k) not in (None, "")}
     if isinstance(info.get("lfs"), dict) and info["lfs"].get("sha256"): tags["sha256"] = info["lfs"]["sha256"]

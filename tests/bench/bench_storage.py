@@ -2,6 +2,7 @@
 
     python tests/bench/bench_storage.py            # a 100 MB JSONL (and its .gz and Parquet copies)
     python tests/bench/bench_storage.py --small    # 20 MB, a quick run
+    python tests/bench/bench_storage.py --prepare  # also `prepare` end to end (tiny Llama), disk vs S3, 1 and 2 workers
 
 Every row runs in a fresh process (unsloth_prep.memory.run_code: peak = max(sampled RSS, ru_maxrss)) that reads every
 record with `loading.iter_file` (or the second of two JSONL byte ranges, which first counts the lines before it) and
@@ -67,11 +68,33 @@ def files(d: Path, size_mb: float) -> dict:
     return info
 
 
+def prepare_rows(d: Path, counter) -> list:
+    "`unsloth-prep prepare` of the JSONL from disk and from S3, in one process and with 2 workers: its own figures."
+    import subprocess
+    from unsloth_prep.fixtures import tiny_model
+    out = []
+    for where, src in (("disk", str(d / "chat.jsonl")), ("S3", f"s3://{BUCKET}/chat.jsonl")):
+        for workers in (1, 2):
+            counter.n.clear()
+            dst = d / f"out-{where}-{workers}"
+            r = subprocess.run(["unsloth-prep", "prepare", src, "--tokenizer", str(tiny_model()), "--out", str(dst),
+                                "--max-seq-length", "1024", "--workers", str(workers), "--no-progress"],
+                               capture_output=True, text=True, check=True)
+            s = json.loads(r.stdout.strip().splitlines()[-1])
+            out.append({"case": f"prepare --workers {workers}, {where}", "records": s["records"],
+                        "peak_mb": s["peak_rss_mb"], "worker_peak_mb": s.get("worker_peak_rss_mb"),
+                        "seconds": s["seconds"], "requests": dict(counter.n)})
+            print(f"{out[-1]['case']:<36} {s['records']:>8,} records  peak {s['peak_rss_mb']:>6.1f} MB (workers "
+                  f"{s.get('worker_peak_rss_mb')})  {s['seconds']:>6.2f} s  requests {dict(counter.n)}", flush=True)
+    return out
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="20 MB instead of 100 MB")
     p.add_argument("--dir", default="/tmp/storage_bench")
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--prepare", action="store_true", help="also time `prepare` end to end (minutes on 100 MB)")
     a = p.parse_args(argv)
     d = Path(a.dir)
     shutil.rmtree(d, ignore_errors=True)
@@ -102,9 +125,11 @@ def main(argv=None):
         x = rows[-1]
         print(f"{label:<36} {n:>8,} records  peak {x['peak_mb']:>6.1f} MB (+{x['delta_mb']:>5.1f})  "
               f"{secs:>6.2f} s  {x['mb_per_s']:>6.1f} MB/s (of the file)  requests {x['requests']}", flush=True)
+    if a.prepare: rows += prepare_rows(d, counter)
     server.stop()
-    pairs = {r["case"].rsplit(", ", 1)[0]: {} for r in rows if not r["case"].startswith("raw")}
-    for r in rows[:-1]: pairs[r["case"].rsplit(", ", 1)[0]][r["case"].rsplit(", ", 1)[1]] = r
+    reads = [r for r in rows if not r["case"].startswith(("raw", "prepare"))]
+    pairs = {r["case"].rsplit(", ", 1)[0]: {} for r in reads}
+    for r in reads: pairs[r["case"].rsplit(", ", 1)[0]][r["case"].rsplit(", ", 1)[1]] = r
     checks = {k: {"same_records": v["disk"]["records"] == v["S3"]["records"],
                   "delta_within_32_mb": v["S3"]["delta_mb"] <= v["disk"]["delta_mb"] + 32} for k, v in pairs.items()}
     print(json.dumps({"bytes": info["bytes"], "records": info["records"], "load_average": load[0], "rows": rows,
