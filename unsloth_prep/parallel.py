@@ -452,7 +452,7 @@ def _run_split(step: Step, split: str, jobs: list, opts: Options, build, journal
     files, info = _finish(step, [f for s in summaries for f in s["files"]], build, split, opts, summaries)
     return summaries, {"rows": 0, **info, "files": _name_files(build, split, files)}
 
-# %% ../nbs/04a_scale.ipynb #95e1e46c
+# %% ../nbs/04a_scale.ipynb #c95ad025
 def identity(step: Step, opts: Options, files: list, digests: Digests | None = None) -> str:
     "The identity of a run: its key and the bytes of its input files."
     digests = digests if digests is not None else Digests()
@@ -470,7 +470,8 @@ def run_build(step: Step, plan, opts: Options, out, ident: str, manifest: dict |
             remove(build)
             return {**done, "reused_shards": len(done.get("shards", [])), "up_to_date": True}
         m = read_manifest(build)
-        if not m or m.get("identity") != ident:
+        if m and m.get("identity") == ident: m = {**m, "reused_shards": len(m.get("shards", []))}   # publish it
+        else:
             try: m = _build(step, plan, opts, build, {**(manifest or {}), "identity": ident}, digests)
             except (ValueError, OSError) as e:  # bad input, a full disk: nothing is left (a crash or a signal keeps it)
                 if isinstance(e, ValueError) or not is_url(str(build)): remove(build)
