@@ -121,6 +121,8 @@ def test_what_a_run_may_write_over_in_a_store(s3, local, tmp_path):
     write_bytes(f"s3://{BUCKET}/theirs.jsonl", b"{}\n")
     r = prepare(SRC, f"s3://{BUCKET}/out/r", "--rejects", f"s3://{BUCKET}/theirs.jsonl", check=False)
     assert r.returncode == 2 and "did not write" in r.stderr and read_bytes(f"s3://{BUCKET}/theirs.jsonl") == b"{}\n"
+    r = prepare(SRC, "s3://no-such-bucket-out/run", check=False)
+    assert r.returncode == 2 and "s3://no-such-bucket-out/run" in r.stderr and "Traceback" not in r.stderr
     f = last_json(prepare(SRC, f"file://{tmp_path}/via-file"))                     # file:// is a local path
     assert f["out"] == str(tmp_path / "via-file") and read_rows(f["out"]) == local[0]
 

@@ -16,11 +16,11 @@ TOOL = "unsloth_prep"
 FILE_SUFFIXES = (".parquet", ".jsonl", ".json", ".csv", ".tsv", ".arrow", ".txt", ".gz", ".zst", ".bz2", ".xz")
 
 # %% auto #0
-__all__ = ['TOOL', 'FILE_SUFFIXES', 'SPLITS', 'REJECTS', 'README', 'GUARD', 'LOCK', 'HEARTBEAT_S', 'STALE_S', 'STAGED',
-           'split_file', 'readme', 'guard_readme', 'location', 'join', 'read_bytes', 'write_bytes', 'exists', 'listing',
-           'remove', 'copy_file', 'staged', 'read_manifest', 'is_ours', 'publishing', 'check_output', 'file_digest',
-           'digest', 'build_dir', 'hold', 'StoreLock', 'check_held', 'publish', 'data_files', 'settings_of',
-           'prepared_files']
+__all__ = ['TOOL', 'FILE_SUFFIXES', 'SPLITS', 'REJECTS', 'README', 'GUARD', 'COPY_BLOCK', 'LOCK', 'HEARTBEAT_S', 'STALE_S',
+           'STAGED', 'split_file', 'readme', 'guard_readme', 'location', 'join', 'read_bytes', 'write_bytes', 'exists',
+           'listing', 'remove', 'copy_file', 'staged', 'read_manifest', 'is_ours', 'publishing', 'check_output',
+           'file_digest', 'digest', 'build_dir', 'hold', 'StoreLock', 'check_held', 'publish', 'data_files',
+           'settings_of', 'prepared_files']
 
 # %% ../nbs/00b_outputs.ipynb #fe44ba30
 SPLITS = ("train", "validation")
@@ -86,7 +86,9 @@ def exists(path) -> bool:
     fs, p = _fs(path)
     return fs.exists(p)
 
-# %% ../nbs/00b_outputs.ipynb #68e3a4b0
+# %% ../nbs/00b_outputs.ipynb #7fd358b5
+COPY_BLOCK = 8 << 20   # bytes per request when a file is uploaded (S3's parts are at least 5 MB)
+
 def listing(folder) -> dict:
     "`{name relative to folder: bytes}` of every file under `folder` (empty when nothing is there)."
     if not is_url(str(folder)):
@@ -97,16 +99,17 @@ def listing(folder) -> dict:
     found = fs.find(p, detail=True) if fs.isdir(p) else {}
     return {k[len(p) + 1:]: v["size"] for k, v in found.items() if k.startswith(p + "/")}
 
-def remove(*paths):
-    "Remove files, folders or prefixes with everything under them (what is not there is skipped)."
+def remove(*paths, files: bool = False):
+    """Remove files, folders or prefixes with everything under them (what is not there is skipped); `files`: the
+    paths are objects a listing just gave, deleted in bulk without asking the store about each."""
     stores = {}
     for p in paths:
         if is_url(str(p)):
             fs, q = _fs(p)
-            if fs.exists(q): stores.setdefault(fs, []).append(q)
+            if files or fs.exists(q): stores.setdefault(fs, []).append(q)
         elif Path(p).is_dir() and not Path(p).is_symlink(): shutil.rmtree(p, ignore_errors=True)
         else: Path(p).unlink(missing_ok=True)
-    for fs, qs in stores.items(): fs.rm(qs, recursive=True)     # one request per thousand objects
+    for fs, qs in stores.items(): fs.rm(qs, recursive=not files)     # a request per thousand objects
 
 def copy_file(src, dst):
     "Copy one file between any two places: here, a store, or within one store (a copy on the server)."
@@ -114,11 +117,10 @@ def copy_file(src, dst):
     if not is_url(d): Path(d).parent.mkdir(parents=True, exist_ok=True)
     if not is_url(s) and not is_url(d): return shutil.copyfile(s, d)
     (sfs, sp), (dfs, dp) = _fs(s) if is_url(s) else (None, s), _fs(d) if is_url(d) else (None, d)
-    if sfs is None: dfs.put_file(s, dp)
-    elif dfs is None: sfs.get_file(sp, d)
-    elif sfs is dfs: sfs.copy(sp, dp)
-    else:
-        with sfs.open(sp, "rb") as a, dfs.open(dp, "wb") as b: shutil.copyfileobj(a, b, 8 << 20)
+    if dfs is None: return sfs.get_file(sp, d)
+    if sfs is dfs: return sfs.copy(sp, dp)
+    with (sfs.open(sp, "rb") if sfs else open(s, "rb")) as a, dfs.open(dp, "wb", block_size=COPY_BLOCK) as b:
+        shutil.copyfileobj(a, b, COPY_BLOCK)        # an upload in parts of COPY_BLOCK: bounded memory
 
 # %% ../nbs/00b_outputs.ipynb #8302e07d
 def _stamps(folder: Path) -> dict:
@@ -156,7 +158,7 @@ def publishing(path) -> bool:
     "Whether `path` is an output of this tool in a store that a run was publishing (its card is the guard's)."
     return GUARD.encode() in (read_bytes(join(location(path), README)) or b"")
 
-# %% ../nbs/00b_outputs.ipynb #a1214c44
+# %% ../nbs/00b_outputs.ipynb #856ed563
 def _exists_message(out, option: str) -> str:
     what = "prefix" if is_url(str(out)) else "folder" if out.is_dir() else "file"
     return (f"{out}: {option} names an existing {what} that unsloth-prep did not write (no {MANIFEST} of its own); "
@@ -166,7 +168,9 @@ def _check_store(out: str, inputs: list, option: str):
     "ValueError if the prefix `out` is a whole bucket, or is, holds or lies inside an input in a store."
     if "/" not in out.split("://", 1)[1].strip("/"):
         raise ValueError(f"{out}: {option} must be a prefix inside a bucket, e.g. {out}/prepared")
-    _fs(out)                                     # a scheme whose package is missing: the error names the extra
+    try: exists(out)                             # the first request: a store that does not answer is named here
+    except ValueError: raise                     # a scheme whose package is missing: the error names the extra
+    except Exception as e: raise ValueError(f"{out}: the store did not answer ({type(e).__name__}: {e})") from None
     for i in (str(i) for i in inputs if is_url(str(i))):
         if i == out or i.startswith(out + "/") or out.startswith(i + "/"):
             raise ValueError(f"{out}: this output would overwrite the input {i}; choose another path")
@@ -274,7 +278,7 @@ class StoreLock:
                           f"{lock.get('pid')} on {str(lock.get('host')).split('/')[0]}, heartbeat {age:.0f} s ago); "
                           f"wait for it to end or choose another --out")
 
-# %% ../nbs/00b_outputs.ipynb #510b763c
+# %% ../nbs/00b_outputs.ipynb #c0c7e81c
 def _conditions(fs) -> bool:
     "Whether a store applies S3's conditional writes (If-None-Match, If-Match)."
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
@@ -285,6 +289,8 @@ def acquire(self: StoreLock):
     "Take the lock (ValueError naming the output if a live run holds it) and start the heartbeat."
     fs, p = _fs(self.path)
     try: fs.pipe_file(p, self.content(), mode="create")
+    except (FileNotFoundError, PermissionError) as e:
+        raise ValueError(f"{self.out}: cannot write there ({e})") from None
     except FileExistsError:
         tag, lock = fs.info(p).get("ETag"), self.holder()
         if _stale(lock, time.time()) is None: raise self.busy(lock) from None
@@ -354,7 +360,7 @@ def publish(build, out):
     shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     return out
 
-# %% ../nbs/00b_outputs.ipynb #e20531a1
+# %% ../nbs/00b_outputs.ipynb #ff19d491
 STAGED = "_staged.json"
 
 def _published_files(build: str, m: dict) -> dict:
@@ -370,7 +376,7 @@ def _publish_store(build: str, out: str) -> str:
     check_held(build, ask=True)                  # a run that lost its lock publishes nothing
     write_bytes(join(out, README), guard_readme().encode())
     remove(join(out, MANIFEST))
-    remove(*(join(out, n) for n in listing(out) if n not in files and n != README))
+    remove(*(join(out, n) for n in listing(out) if n not in files and n != README), files=True)
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda kv: copy_file(join(build, kv[1]), join(out, kv[0])), files.items()))
     copy_file(join(build, README), join(out, README))

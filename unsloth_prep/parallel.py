@@ -366,13 +366,14 @@ class Journal:
     def close(self):
         if self.f is not None: self.f.close()
 
-# %% ../nbs/04a_scale.ipynb #ec90c2f0
+# %% ../nbs/04a_scale.ipynb #e196f38e
 def _keep_only(build, reused: dict):
     "Remove from `build` every file a reused shard does not own (the plan's files, the journal and the lock stay)."
     keep = {posixpath.basename(str(f)) for s in reused.values() for f in [*s.get("files", []), s.get("rejects_file")]
             if f} | {JOURNAL, JOURNAL_DIR, LOCK}
-    names = {n.split("/")[0] for n in listing(build)} if is_url(str(build)) else set(os.listdir(build))
-    remove(*(join(build, n) for n in names if n not in keep and not n.startswith("_split")))
+    drop = lambda name: name not in keep and not name.startswith("_split")
+    if not is_url(str(build)): return remove(*(join(build, n) for n in os.listdir(build) if drop(n)))
+    remove(*(join(build, n) for n in listing(build) if drop(n.split("/")[0])), files=True)
 
 # %% ../nbs/04a_scale.ipynb #dd37d98d
 def _rows(path) -> int:

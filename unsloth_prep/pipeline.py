@@ -178,7 +178,7 @@ def run_prepare(data, opts: Options, step, config=None) -> dict:
                       {"command": "prepare", "step": step.name, "settings": settings_of(step, opts)})
     return {**summary_of(m, out, opts), "peak_rss_mb": round(max(mem.peak_mb, own_peak_mb()), 1)}
 
-# %% ../nbs/04e_pipeline.ipynb #e612c025
+# %% ../nbs/04e_pipeline.ipynb #b8bfa9f6
 def _counts(shards: list, split: str) -> dict:
     "The counts of one split's shards, summed."
     return totals([{k: v for k, v in s.items() if k not in ("worker", "index", "seconds")} for s in shards
@@ -191,7 +191,8 @@ def summary_of(m: dict, out: Path, opts: Options) -> dict:
     s.update(task=m["step"], out=str(out), layout="hub", splits={k: v["rows"] for k, v in m["splits"].items()},
              files=[str(join(out, f["path"])) for sp in m["splits"].values() for f in sp["files"]], engine=opts.engine,
              workers=opts.workers, shards=sum(1 for x in m["shards"] if x.get("split") == "train"),
-             reused_shards=m.get("reused_shards", 0), up_to_date=bool(m.get("up_to_date")))
+             reused_shards=m.get("reused_shards", 0), up_to_date=bool(m.get("up_to_date")),
+             publish_seconds=m.get("publish_seconds"))
     if "validation" in m["splits"]:
         s["eval"] = {**_counts(m["shards"], "validation"), "rows": m["splits"]["validation"]["rows"]}
     if m.get("split"): s.update(split=m["split"], rejected=s.get("rejected", 0) + m["split"]["rejected"])
