@@ -967,20 +967,27 @@ def build_preference_trainer(config, task: str | None = None, ref: str = "adapte
     trainer.data_collator = PreferenceProbe(trainer.data_collator, keep_batches)
     return trainer, {"cfg": cfg, "task": task, "ref": ref, "patch": patched, "hw": hw, "rows": ds}
 
-# %% ../nbs/07_training.ipynb #d63566d3
+# %% ../nbs/07_training.ipynb #e59b63ba
+def _resume_adapter(model, ckpt):
+    "Load the trained adapter saved at the root of checkpoint `ckpt` into `model` (its adapters in subfolders aside)."
+    if ckpt and (Path(ckpt) / "adapter_model.safetensors").exists() and hasattr(model, "load_adapter"):
+        model.load_adapter(ckpt, model.active_adapter, is_trainable=True)
+
+# %% ../nbs/07_training.ipynb #cd0e1bc2
 def train_preference(config, task: str | None = None, ref: str = "adapter", keep_batches: int = 2,
                      resume=None) -> dict:
     "Build the trainer, train (or resume), save the adapter; report losses, whether the batches carry the prepared ids."
     t0 = time.perf_counter()
     trainer, ctx = build_preference_trainer(config, task, ref, keep_batches)
     ckpt = resume_path(Path(ctx["cfg"]["output_dir"]) / "checkpoints", resume)
+    _resume_adapter(trainer.model, ckpt)
     t1 = time.perf_counter()
     trainer.train(resume_from_checkpoint=ckpt)
     out = Path(ctx["cfg"]["output_dir"]) / "adapter"
     trainer.save_model(str(out))
-    logs = trainer.state.log_history
+    curve = loss_curve(trainer.state.log_history)
     return {"task": ctx["task"], "ref": ref, "unsloth_patch": ctx["patch"], "device": ctx["hw"]["device"],
-            "steps": trainer.state.global_step, "losses": [round(h["loss"], 4) for h in logs if "loss" in h],
+            "steps": trainer.state.global_step, "losses": [round(x, 4) for _, x in curve], "loss_curve": curve,
             "batches": check_batches(trainer.data_collator, ctx["rows"], ctx["task"]),
             "model": type(trainer.model).__name__, "adapter": str(out), "resumed_from": ckpt,
             "setup_seconds": round(t1 - t0, 2), "train_seconds": round(time.perf_counter() - t1, 2)}
