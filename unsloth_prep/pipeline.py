@@ -8,7 +8,7 @@ import argparse, json, sys, time
 from pathlib import Path
 from .base import clean_dead, positive_float, positive_int
 from .memory import MB, own_peak_mb, track
-from .loading import Rejects, read_dataset_info, resolve_files, iter_file
+from .loading import Rejects, read_dataset_info, resolve_files, iter_file, shards_note
 from .outputs import REJECTS, check_output, data_files, read_manifest
 from .steps import OPTIONS, STEPS, Options, Step, detect_step, for_step, get_step, make_options, option_name
 from .parallel import identity, plan_work, run_build, totals
@@ -122,9 +122,10 @@ def work(files: list, opts: Options) -> list:
     n = opts.shards or opts.workers
     shards = plan_work(files, n)
     if len(shards) < n:
-        why = "one file read whole (a JSON array or a compressed file)" if len(files) == 1 else f"{len(files)} files"
-        lines = "" if len(files) > 1 else " or fewer lines than that"
-        print(f"{files[0]}: {len(shards)} piece(s) of work for {n} asked: {why}{lines}", file=sys.stderr)
+        name = files[0] if len(files) == 1 else f"{len(files)} files"
+        try: note = shards_note(name, [p for s in shards for p in s["parts"]], n)
+        except OSError: note = f"{name}: {len(shards)} shards, not {n}"
+        print(note, file=sys.stderr)
     return shards
 
 # %% ../nbs/04e_pipeline.ipynb #143b5ab0
