@@ -912,7 +912,7 @@ def finish(self: PackStep, parts: list, build, split: str, opts, summaries=None)
 
 register(PackStep())
 
-# %% ../nbs/05_collators.ipynb #80f4213a
+# %% ../nbs/05_collators.ipynb #5959570e
 def pack_args(parser) -> None:
     "Arguments of `unsloth-prep pack`."
     from unsloth_prep.steps import OPTIONS
@@ -923,8 +923,9 @@ def pack_args(parser) -> None:
         kw = {"action": "store_false" if o.negate else "store_true"} if o.flag else {"type": o.parse or str}
         parser.add_argument(*o.flags, dest=n, default=None, help=o.help, **kw)
     parser.add_argument("--on-overflow", "--overflow", dest="on_overflow", choices=[*PACK_OVERFLOW, "error"],
-                        default="drop", help="rows longer than --max-seq-length: drop them into OUT/rejects.parquet "
-                                             "(default), raise (stop), or split ('error' is the older spelling of raise)")
+                        default="drop", help="rows longer than --max-seq-length: drop them into "
+                                             "OUT/rejects.parquet (default), raise (stop), or split ('error' is the "
+                                             "older spelling of raise)")
 
 # %% ../nbs/05_collators.ipynb #f61899c7
 def pack_main(args) -> dict:
