@@ -790,12 +790,12 @@ def _join_files(files: list, dst) -> None:
                 with open(f, "rb") as src: shutil.copyfileobj(src, out)
                 os.remove(f)
 
-# %% ../nbs/03_convert.ipynb #dffec1ed
+# %% ../nbs/03_convert.ipynb #0b1f6c79
 class ConvertStep(Step):
     "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
     name, command, columns = "convert", "convert", ()
     options = ("syntax", "compression", "compression_level", "batch_rows", "row_group_mb", "block_mb", "rows_per_file")
-    sums = ("rows", "rejected", "blank", "lines", "input_bytes")
+    sums = ("rows", "rejected", "blank", "lines", "input_bytes", "blocks", "slow_blocks")
 
     def run(self, job: dict, state=None, report=None) -> dict:
         "Convert each piece of one shard into its own Parquet file(s); the counts summed."
@@ -808,7 +808,8 @@ class ConvertStep(Step):
             files += r["files"]
             got.append(r)
         _join_files([f"{job['rejects']}.{k}" for k in range(len(parts))], job["rejects"])
-        s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes")}
+        s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes", "blocks",
+                                                  "slow_blocks")}
         return {**s, "files": files, "coerced": _summed(r["coerced"] for r in got),
                 "json_text_fields": sorted({f for r in got for f in r["json_text_fields"]}),
                 "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20],

@@ -16,10 +16,11 @@ from .base import atomic_path, check_paths
 __all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', 'SHAREGPT_TAGS', 'check_file',
            'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line',
            'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet', 'iter_parquet',
-           'iter_arrow', 'iter_text', 'file_kind', 'resolve_files', 'plan_shards', 'iter_file', 'file_identity',
-           'is_hub_name', 'hub_stream', 'load_stream', 'normalize_record', 'detect_format', 'parse_mapping',
-           'check_mapping', 'shards_format', 'iter_conversations', 'load_conversations', 'stream_format',
-           'read_dataset_info', 'split_stream', 'conversation_text', 'stream_hash', 'inspect_args', 'inspect_main']
+           'iter_text', 'iter_arrow', 'file_kind', 'resolve_files', 'plan_shards', 'iter_file', 'shards_note',
+           'file_identity', 'is_hub_name', 'hub_stream', 'load_stream', 'normalize_record', 'detect_format',
+           'parse_mapping', 'check_mapping', 'shards_format', 'iter_conversations', 'load_conversations',
+           'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text', 'stream_hash', 'inspect_args',
+           'inspect_main']
 
 # %% ../nbs/02_loading.ipynb #6822a84d
 from .base import is_url, url_fs
@@ -403,6 +404,15 @@ def iter_parquet(path, batch_size: int = 1024, columns: list | None = None, row_
                 yield i, rec
                 i += 1
 
+# %% ../nbs/02_loading.ipynb #91059519
+def iter_text(path) -> Iterator[tuple[int, dict]]:
+    "Yield `(line_no, {'text': line})` for every non-blank line of a text file; bytes that are not UTF-8 name the line."
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if _bad_text(line): raise ValueError(f"{path}: line {n}: not valid UTF-8")
+            if line.strip(): yield n, {"text": line}
+
 # %% ../nbs/02_loading.ipynb #43311567
 def iter_arrow(path, batch_size: int = 1024) -> Iterator[tuple[int, dict]]:
     "Yield `(row_index, record)` from an Arrow IPC stream (what `save_to_disk` writes) or IPC file, a batch at a time."
@@ -420,15 +430,6 @@ def iter_arrow(path, batch_size: int = 1024) -> Iterator[tuple[int, dict]]:
                         i += 1
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{path}: not a valid Arrow file (row {i}: {e})") from None
-
-# %% ../nbs/02_loading.ipynb #f131aad0
-def iter_text(path) -> Iterator[tuple[int, dict]]:
-    "Yield `(line_no, {'text': line})` for every non-blank line of a text file; bytes that are not UTF-8 name the line."
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="surrogateescape", newline="") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if _bad_text(line): raise ValueError(f"{path}: line {n}: not valid UTF-8")
-            if line.strip(): yield n, {"text": line}
 
 # %% ../nbs/02_loading.ipynb #bb8c0073
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
@@ -580,6 +581,37 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "arrow": return iter_arrow(path)
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
+
+# %% ../nbs/02_loading.ipynb #b5fadf2d
+_WHOLE = {"json_array": "a JSON array", "csv": "a CSV file", "tsv": "a TSV file", "text": "a text file"}
+
+def _last_byte(path) -> bytes:
+    "The last byte of a (non-empty) file."
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+def _uncut(path: str, kind: str, pieces: int, share: int) -> str:
+    "Why one file gave `pieces` shards and not `share`."
+    if kind == "parquet": return f"{path} has {pieces} row group(s) (a Parquet file is cut between row groups)"
+    if kind != "jsonl": return f"{path} is {_WHOLE.get(kind, kind)}, read whole"
+    if compression_of(path): return f"{path} is compressed, read whole"
+    size = os.path.getsize(path)
+    lines = _lines_before(path, size) + (_last_byte(path) != b"\n") if 0 < size <= 64 << 20 else None
+    if lines is not None and lines <= share: return f"{path} has {lines} lines (a JSONL file is cut between lines)"
+    return f"{path}: its long lines span the cut points (a JSONL file is cut between lines)"
+
+# %% ../nbs/02_loading.ipynb #08302d6f
+def shards_note(data, specs: list, asked: int) -> str:
+    "Why `specs` holds fewer shards than the `asked` workers (or shards): the files not cut further, and why."
+    pieces, kinds = {}, {}
+    for s in specs:
+        pieces[s["path"]] = pieces.get(s["path"], 0) + 1
+        kinds[s["path"]] = s["kind"]
+    share = math.ceil(asked / max(len(pieces), 1))
+    whys = [_uncut(p, kinds[p], n, share) for p, n in pieces.items() if n < share]
+    more = f"; {len(whys) - 3} more file(s) alike" if len(whys) > 3 else ""
+    return f"{data}: {len(specs)} shards, not {asked}" + (": " + "; ".join(whys[:3]) + more if whys else "")
 
 # %% ../nbs/02_loading.ipynb #c4105f46
 _CONTENT_TAGS = ("ETag", "etag", "VersionId", "version_id", "md5Hash", "crc32c", "generation", "blob_id")

@@ -158,12 +158,12 @@ def _die_with_parent(parent: int | None):
     except (OSError, AttributeError): pass  # elsewhere the parent's cleanup still stops its workers
     if os.getppid() != parent: os._exit(1)
 
-# %% ../nbs/04a_scale.ipynb #23ff350b
-def _worker_main(tasks, results, parent: int):
+# %% ../nbs/04a_scale.ipynb #6cac0dc0
+def _worker_main(tasks, results, parent: int, held=None, slot: int = 0):
     "A worker process: run jobs from `tasks` until a None, sending progress, summaries or the first error."
     _die_with_parent(parent)
     while (job := tasks.get()) is not None:
-        results.put(("start", job["index"], os.getpid()))
+        if held is not None: held[slot] = job["index"]   # shared memory: the parent sees it even if we die at once
         try:
             report = _Reporter(results, job["index"])
             s = run_job(job, report)
@@ -174,7 +174,7 @@ def _worker_main(tasks, results, parent: int):
             results.put(("error", job["index"], kind, str(e), traceback.format_exc()))
             sys.exit(1)
 
-# %% ../nbs/04a_scale.ipynb #7d1cbefe
+# %% ../nbs/04a_scale.ipynb #2cd9e224
 def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
     "The exception a failed shard becomes in the parent."
     where = job["spec"]["parts"][0]["path"]
@@ -183,16 +183,17 @@ def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
     return RuntimeError(f"shard {job['index']} ({where}) failed: {kind}: {msg}\n{tb}")
 
 class _Pool:
-    "N spawned workers taking jobs from a queue; the parent's view of what each holds."
+    "N spawned workers taking jobs from a queue; `held[k]`: the job worker k took last (-1: none yet)."
     def __init__(self, jobs: list, workers: int):
         from unsloth_prep import parallel as _self   # the worker by its importable name, even from a notebook
         ctx = mp.get_context("spawn")
-        self.tasks, self.results, self.held = ctx.Queue(), ctx.Queue(), {}
+        self.tasks, self.results = ctx.Queue(), ctx.Queue()
         for j in jobs: self.tasks.put(j)
         n = min(workers, len(jobs))
         for _ in range(n): self.tasks.put(None)
-        self.procs = [ctx.Process(target=_self._worker_main, args=(self.tasks, self.results, os.getpid()), daemon=True)
-                      for _ in range(n)]
+        self.held = ctx.Array("i", [-1] * n, lock=False)
+        args = lambda k: (self.tasks, self.results, os.getpid(), self.held, k)
+        self.procs = [ctx.Process(target=_self._worker_main, args=args(k), daemon=True) for k in range(n)]
         for p in self.procs: p.start()
 
     def close(self):
@@ -201,30 +202,29 @@ class _Pool:
             p.kill()
             p.join()
 
-# %% ../nbs/04a_scale.ipynb #7ba516b5
-def _handle(pool: _Pool, msg, by_index: dict, done: dict, bar, on_done):
-    "One message from a worker: progress, the job it started, a summary (recorded), or an error (raised)."
+# %% ../nbs/04a_scale.ipynb #89d4facc
+def _handle(msg, by_index: dict, done: dict, bar, on_done):
+    "One message from a worker: progress, a summary (recorded at once), or an error (raised)."
     kind, i = msg[0], msg[1]
     if kind == "progress": bar.update(msg[2], msg[3])
-    elif kind == "start": pool.held[msg[2]] = i
     elif kind == "done":
         done[i] = msg[2]
         if on_done: on_done(by_index[i], msg[2])
     else: raise _failure(by_index[i], *msg[2:])
 
 def _check_alive(pool: _Pool, by_index: dict, done: dict):
-    "A worker that died holding an unfinished job is that job's failure."
-    for p in pool.procs:
-        i = pool.held.get(p.pid)
-        if not p.is_alive() and i is not None and i not in done:
-            raise _failure(by_index[i], "WorkerDied", f"exit code {p.exitcode}")
+    "A worker that died holding an unfinished job is that job's failure (the job it took is in shared memory)."
+    for k, p in enumerate(pool.procs):
+        i = pool.held[k]
+        if not p.is_alive() and i >= 0 and i not in done:
+            raise _failure(by_index[i], "WorkerDied", f"exit code {abs(p.exitcode or 0)}")
 
 def _run_local(jobs: list, workers: int, bar, on_done=None) -> list:
     "Run the jobs in `workers` spawned processes; their summaries in job order."
     by_index, done, pool = {j["index"]: j for j in jobs}, {}, _Pool(jobs, workers)
     try:
         while len(done) < len(jobs):
-            try: _handle(pool, pool.results.get(timeout=0.5), by_index, done, bar, on_done)
+            try: _handle(pool.results.get(timeout=0.5), by_index, done, bar, on_done)
             except queue.Empty: _check_alive(pool, by_index, done)
     finally: pool.close()
     return [done[j["index"]] for j in jobs]

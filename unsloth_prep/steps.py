@@ -35,7 +35,7 @@ def declare(name: str, *flags, **kw) -> Option:
     OPTIONS[name] = opt
     return opt
 
-# %% ../nbs/02a_steps.ipynb #a6da839f
+# %% ../nbs/02a_steps.ipynb #a34b45c6
 ON_ERROR, ENGINES = ("raise", "skip"), ("local", "ray")
 _COMMON = dict(
     tokenizer=dict(help="tokenizer (or model / processor) folder, or a Hub name"),
@@ -62,6 +62,8 @@ declare("max_seq_length", "--max-seq-length", "--max-length", parse=positive_int
         help="tokens per row (TRL: max_length)")
 declare("progress", "--no-progress", flag=True, negate=True, common=True,
         help="no progress line (it shows on a terminal only)")
+declare("on_overflow", default="truncate", choices=("truncate", "drop", "raise", "split"),
+        help="rows over --max-seq-length: truncate, drop or raise (pack: drop, raise or split)")
 
 # %% ../nbs/02a_steps.ipynb #926fb6d7
 class Options:

@@ -831,7 +831,7 @@ def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: 
     report_lost(counts, data)
     return st, counts, rejects.count
 
-# %% ../nbs/04_tokenization.ipynb #aa91f0d7
+# %% ../nbs/04_tokenization.ipynb #e295bf23
 from .base import positive_int
 from .steps import STEPS, Step, declare, register
 from .tokenizer import ENCODERS, template_folder
@@ -842,8 +842,6 @@ declare("encoder", default="auto", choices=ENCODERS, common=True, help="token en
 declare("train_on", default="all-assistant", choices=TRAIN_ON,
         help="which turns train: all-assistant (TRL assistant_only_loss, Unsloth train_on_responses_only), "
              "last-assistant, all (LLaMA-Factory train_on_prompt, Axolotl train_on_inputs)")
-declare("on_overflow", default="truncate", choices=ON_OVERFLOW + ("split",),
-        help="rows over --max-seq-length: truncate, drop or raise (pack: drop, raise or split)")
 declare("chars_per_token", parse=positive_int, default=8, help="character pre-truncation budget per token")
 declare("pack", flag=True, default=False, help="pack rows into full --max-seq-length rows")
 declare("drop_images", flag=True, default=False, help="a text-only tokenizer: drop the images of records that "
