@@ -360,15 +360,16 @@ def publish(build, out):
     shutil.rmtree(old) if old.is_dir() and not old.is_symlink() else old.unlink()
     return out
 
-# %% ../nbs/00b_outputs.ipynb #ff19d491
+# %% ../nbs/00b_outputs.ipynb #46c48c83
 STAGED = "_staged.json"
 
 def _published_files(build: str, m: dict) -> dict:
-    "`{name in the output: name in the build}`: the splits' files (as the build staged them), the rejects."
+    """`{name in the output: name in the build}`: the splits' files (as the build staged them) and every other file at
+    the top of the build but its working files (`_`...: shards, journal, lock) and the card (it comes last)."""
     staged = json.loads(read_bytes(join(build, STAGED)) or b"{}")
     got = {f["path"]: staged.get(f["path"], f["path"]) for sp in m["splits"].values() for f in sp["files"]}
-    if m.get("rejects") == REJECTS: got[REJECTS] = REJECTS
-    return got
+    rest = [n for n in listing(build) if "/" not in n and not n.startswith("_") and n != README]
+    return {**{n: n for n in rest if n not in got.values()}, **got}
 
 def _publish_store(build: str, out: str) -> str:
     "Publish a complete build prefix at `out`: guard card, old manifest and objects gone, copies, card, manifest."
