@@ -1,8 +1,8 @@
-"""Data where it lives: every input may be a URL. A real S3 server (moto's server mode on 127.0.0.1) holds the data;
-`prepare` in one process, with workers and with Ray actors that open their shards by URL gives the rows of the local
-run, for JSONL, a glob, Parquet and a `save_to_disk` folder; a missing object or package is a clear exit 2."""
-import json, logging, os, socket, subprocess, sys
-from pathlib import Path
+"""Data where it lives: every input may be a URL. A real S3 server (moto's server mode on 127.0.0.1, tests/s3server.py)
+holds the data; `prepare` in one process and with workers gives the rows of the local run (Ray actors: in
+test_storage_out.py), for JSONL, a glob, Parquet and a `save_to_disk` folder; a missing object or package is a
+clear exit 2."""
+import sys
 
 import pytest
 
@@ -10,65 +10,9 @@ pytest.importorskip("moto.server", reason="the S3 server tests need moto[server]
 pytest.importorskip("s3fs", reason="the S3 server tests need s3fs (dev requirements)")
 
 from clitools import last_json, read_rows, run
-from unsloth_prep.base import MANIFEST
-from unsloth_prep.fixtures import tiny_model, write_records
+from unsloth_prep.fixtures import tiny_model
 
-BUCKET = "prep-data"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    "A local S3 server holding the test data; its endpoint and dummy credentials in this process's environment."
-    from moto.server import ThreadedMotoServer
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)         # no request log on the test's stderr
-    port = _free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-           "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
-    saved = {k: os.environ.get(k) for k in [*env, "AWS_PROFILE", "AWS_SESSION_TOKEN"]}
-    for k in ("AWS_PROFILE", "AWS_SESSION_TOKEN"): os.environ.pop(k, None)
-    os.environ.update(env)                                          # the commands the tests run inherit it
-    try:
-        d = tmp_path_factory.mktemp("s3data")
-        _fill(d)
-        yield d
-    finally:
-        server.stop()
-        for k, v in saved.items():
-            if v is None: os.environ.pop(k, None)
-            else: os.environ[k] = v
-
-
-def _fill(d: Path):
-    "Write the local copies and upload them: chat.jsonl, data/part-*.jsonl, chat.parquet, save_to_disk folders."
-    import boto3, datasets, pyarrow as pa, pyarrow.parquet as pq, s3fs
-    datasets.disable_progress_bars()
-    write_records(d / "chat.jsonl", n=400, fmt="sharegpt", malformed_rate=0.01, seed=3)
-    lines = (d / "chat.jsonl").read_bytes().splitlines(keepends=True)
-    (d / "data").mkdir()
-    (d / "data" / "part-0.jsonl").write_bytes(b"".join(lines[:150]))
-    (d / "data" / "part-1.jsonl").write_bytes(b"".join(lines[150:]))
-    recs = [json.loads(x) for x in lines if _object(x)]
-    pq.write_table(pa.Table.from_pylist(recs), d / "chat.parquet", row_group_size=50)
-    ds = datasets.Dataset.from_list(recs)
-    ds.save_to_disk(str(d / "saved"), num_shards=2)
-    datasets.DatasetDict({"train": ds, "test": ds.select(range(40))}).save_to_disk(str(d / "saved_dict"))
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    fs = s3fs.S3FileSystem()
-    for name in ("chat.jsonl", "chat.parquet", "data", "saved", "saved_dict"):
-        fs.put(str(d / name), f"{BUCKET}/{name}", recursive=True)
-
-
-def _object(line: bytes) -> bool:
-    try: return isinstance(json.loads(line), dict)
-    except ValueError: return False
+from s3server import BUCKET
 
 
 def prepare(data, out, *extra, check=True):
@@ -85,22 +29,6 @@ def test_jsonl_on_s3_gives_the_local_rows_in_one_process_and_with_workers(s3, tm
     two = last_json(prepare(f"s3://{BUCKET}/chat.jsonl", tmp_path / "two", "--workers", "2"))
     assert len(local) > 100 and read_rows(one["out"]) == local and read_rows(two["out"]) == local
     assert two["shards"] == 2 and one["rejected"] == two["rejected"] > 0
-
-
-def test_ray_actors_open_their_shards_by_url(s3, tmp_path):
-    "`--engine ray --workers 2` on a real local Ray cluster (2 CPUs): the actors read the byte ranges themselves."
-    local = read_rows(last_json(prepare(s3 / "chat.jsonl", tmp_path / "local"))["out"])
-    url = f"s3://{BUCKET}/chat.jsonl"
-    argv = ["unsloth-prep", "prepare", url, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "ray"),
-            "--max-seq-length", "256", "--on-error", "skip", "--no-progress", "--engine", "ray", "--workers", "2"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    out, err = proc.communicate(timeout=900)
-    assert proc.returncode == 0, err[-3000:]
-    s = json.loads(out.strip().splitlines()[-1])
-    assert s["engine"] == "ray" and s["shards"] == 2 and read_rows(s["out"]) == local
-    m = json.loads((Path(s["out"]) / MANIFEST).read_text())
-    assert {p["path"] for sh in m["shards"] for p in sh["source"]} == {url}   # each job names the object, not its rows
-    assert {sh["worker"]["pid"] for sh in m["shards"]}.isdisjoint({proc.pid})   # rows made in the actors
 
 
 def test_a_glob_of_objects(s3, tmp_path):

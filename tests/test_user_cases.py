@@ -159,7 +159,7 @@ def test_pack_killed_leaves_nothing_for_the_next_run(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [".packed.build", "tok.parquet"]   # nothing at the output
     s = last_json(run("unsloth-prep", "pack", src, "--out", dst, "--max-seq-length", "64"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["packed", "tok.parquet"] and s["rows"] > 0
-    assert sorted(p.name for p in dst.iterdir()) == ["_manifest.json", "train-00000-of-00001.parquet"]
+    assert sorted(p.name for p in dst.iterdir()) == ["README.md", "_manifest.json", "train-00000-of-00001.parquet"]
 
 
 def _shadow_clone(folder: Path) -> Path:

@@ -72,7 +72,7 @@ def tokenizer_input(tokenizer, cache: Path) -> str:
     else: os.replace(tmp_dir, dst)
     return str(dst)
 
-# %% ../nbs/09a_api.ipynb #121f15f0
+# %% ../nbs/09a_api.ipynb #2f631f31
 def prepare(data, tokenizer, out=None, *, split: str | None = None, cache_dir=None, **options):
     "Prepare `data` with `tokenizer` as `unsloth-prep prepare` does; the rows as a Dataset (DatasetDict with eval)."
     cache = Path(cache_dir or default_cache_dir())
@@ -87,7 +87,7 @@ def prepare(data, tokenizer, out=None, *, split: str | None = None, cache_dir=No
 def load_prepared(out):
     "A prepared output folder as a Dataset (its train split), or a DatasetDict when it has a validation split."
     from datasets import DatasetDict, load_dataset
-    splits = read_manifest(out)["splits"]
-    files = {k: [str(f) for f in data_files(out, k)] for k in splits}
+    data_files(out)                                      # an incomplete output (no manifest): the error says so
+    files = {k: [str(f) for f in data_files(out, k)] for k in read_manifest(out)["splits"]}
     dd = load_dataset("parquet", data_files=files)
     return dd if len(dd) > 1 else dd["train"]

@@ -125,7 +125,7 @@ def make_options(values: dict, source: str = "python") -> Options:
     defaults = {n: o.default for n, o in OPTIONS.items()}
     return Options({**defaults, **given}, given)
 
-# %% ../nbs/02a_steps.ipynb #aa2fe942
+# %% ../nbs/02a_steps.ipynb #619eac5f
 class Step:
     "One kind of work the executor runs on shards; a task is one registered instance."
     name: str = ""
@@ -160,6 +160,10 @@ class Step:
     def finish(self, parts: list, out_dir, split: str, opts: Options, summaries=None):
         "The split's files from the shards' files `parts` (in order), or `(files, info)`; default: the parts."
         return parts
+
+    def finishes(self, opts: Options) -> bool:
+        "Whether `finish` reads or rewrites the shards' files (False: they are the split's files as they are)."
+        return type(self).finish is not Step.finish
 
     def __repr__(self): return f"<step {self.name}>"
 

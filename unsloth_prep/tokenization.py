@@ -931,7 +931,7 @@ def run(self: ChatStep, job: dict, tok, report=None) -> dict:
     return {**s, "records": s["records"] + rej.count, "rejected": s["rejected"] + rej.count, "rejects": rej.items,
             "images_dropped": sum(dropped)}
 
-# %% ../nbs/04_tokenization.ipynb #9fc926e5
+# %% ../nbs/04_tokenization.ipynb #41e3ac0f
 @patch
 def finish(self: ChatStep, parts: list, build, split: str, opts, summaries=None):
     "The shards' files, or one packed file of their rows (with `--pack`) and the packing counts."
@@ -941,5 +941,8 @@ def finish(self: ChatStep, parts: list, build, split: str, opts, summaries=None)
     info = pack_parquet(parts, dst, opts.max_seq_length, progress=False)
     for p in parts: p.unlink()
     return [dst], {"pack": info}
+
+@patch
+def finishes(self: ChatStep, opts) -> bool: return bool(opts.pack)    # unpacked: the shards' files as they are
 
 register(ChatStep())

@@ -90,13 +90,17 @@ def resolve_settings(cfg: dict, hw: dict) -> dict:
     return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
             "recommendation": rec}
 
-# %% ../nbs/07_training.ipynb #853bdca0
+# %% ../nbs/07_training.ipynb #8945befe
 def _files(path, split: str = "train") -> list[str]:
     "Expand a Parquet file, output folder (its `split`), folder or glob (or a list) into files; an error if none."
+    from unsloth_prep.base import is_url
     out = []
     for p in (path if isinstance(path, list) else [path]):
         p = str(p)
-        if os.path.exists(os.path.join(p, "_manifest.json")):   # an output of `prepare`: its split, in order
+        if is_url(p):                                    # an output in a store (checked), or one object
+            from unsloth_prep.outputs import prepared_files
+            hits = [str(f) for f in prepared_files(p, split)]
+        elif os.path.exists(os.path.join(p, "_manifest.json")):   # an output of `prepare`: its split, in order
             from unsloth_prep.outputs import data_files
             hits = [str(f) for f in data_files(p, split)]
         elif os.path.isdir(p):
@@ -304,11 +308,13 @@ def prepare_data(cfg: dict, train_dataset=None):
         raise ValueError(f"{source}: packed rows need a 'seq_lengths' column (lengths of the examples in each row)")
     return ds, {**info, "source": source}
 
-# %% ../nbs/07_training.ipynb #85b80d34
+# %% ../nbs/07_training.ipynb #ea03582c
 def _validation_of(path) -> list | None:
     "The files of the validation split of a prepared output folder (`prepare --eval-fraction`), or None."
+    from unsloth_prep.base import is_url
     from unsloth_prep.outputs import read_manifest
-    m = read_manifest(path) if isinstance(path, (str, os.PathLike)) and os.path.isdir(path) else None
+    here = isinstance(path, (str, os.PathLike)) and (os.path.isdir(path) or is_url(str(path)))
+    m = read_manifest(path) if here else None
     return _files(path, "validation") if m and "validation" in m.get("splits", {}) else None
 
 # %% ../nbs/07_training.ipynb #3609bdfe

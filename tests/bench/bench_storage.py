@@ -3,6 +3,10 @@
     python tests/bench/bench_storage.py            # a 100 MB JSONL (and its .gz and Parquet copies)
     python tests/bench/bench_storage.py --small    # 20 MB, a quick run
     python tests/bench/bench_storage.py --prepare  # also `prepare` end to end (tiny Llama), disk vs S3, 1 and 2 workers
+    python tests/bench/bench_storage.py --outputs  # also outputs written to S3: `convert --compression none` (an
+                                                   # output about the input's size) to disk and to S3, 1 and 2 workers,
+                                                   # with the publishing time; `prepare` in one process disk->disk and
+                                                   # S3->S3 (the per-core rate with the data in the store)
 
 Every row runs in a fresh process (unsloth_prep.memory.run_code: peak = max(sampled RSS, ru_maxrss)) that reads every
 record with `loading.iter_file` (or the second of two JSONL byte ranges, which first counts the lines before it) and
@@ -89,12 +93,48 @@ def prepare_rows(d: Path, counter) -> list:
     return out
 
 
+def _command(argv: list, case: str, counter) -> dict:
+    "Run one command in a fresh process; its summary's figures and the server's requests."
+    import subprocess
+    counter.n.clear()
+    r = subprocess.run(argv, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    row = {"case": case, "records": s.get("records") or s.get("rows"), "rows": s["rows"], "seconds": s["seconds"],
+           "publish_seconds": s.get("publish_seconds"), "peak_mb": s["peak_rss_mb"],
+           "worker_peak_mb": s.get("worker_peak_rss_mb"), "output_mb": round(s.get("output_bytes", 0) / MB, 1),
+           "requests": dict(counter.n)}
+    print(f"{case:<44} {row['rows']:>8,} rows  {row['seconds']:>6.2f} s (publish {row['publish_seconds']} s)  peak "
+          f"{row['peak_mb']:>6.1f} MB (workers {row['worker_peak_mb']})  output {row['output_mb']} MB  "
+          f"requests {row['requests']}", flush=True)
+    return row
+
+
+def output_rows(d: Path, counter) -> list:
+    "Outputs written here and to S3: `convert` (about the input's size) with 1 and 2 workers; `prepare` per core."
+    from unsloth_prep.fixtures import tiny_model
+    rows = []
+    for workers in (1, 2):
+        for where, dst in (("disk", str(d / f"conv-{workers}")), ("S3", f"s3://{BUCKET}/conv-{workers}")):
+            argv = ["unsloth-prep", "convert", str(d / "chat.jsonl"), "--out", dst, "--compression", "none",
+                    "--workers", str(workers), "--no-progress"]
+            rows.append(_command(argv, f"convert --workers {workers} -> {where}", counter))
+    for where, src, dst in (("disk -> disk", str(d / "chat.jsonl"), str(d / "prep-1")),
+                            ("S3 -> S3", f"s3://{BUCKET}/chat.jsonl", f"s3://{BUCKET}/prep-1")):
+        argv = ["unsloth-prep", "prepare", src, "--tokenizer", str(tiny_model()), "--out", dst, "--max-seq-length",
+                "1024", "--no-progress"]
+        rows.append(_command(argv, f"prepare, 1 process, {where}", counter))
+        rows[-1]["records_per_s"] = round(rows[-1]["records"] / rows[-1]["seconds"], 1)
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--small", action="store_true", help="20 MB instead of 100 MB")
     p.add_argument("--dir", default="/tmp/storage_bench")
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--prepare", action="store_true", help="also time `prepare` end to end (minutes on 100 MB)")
+    p.add_argument("--outputs", action="store_true", help="also write outputs to S3 (publishing time and memory)")
     a = p.parse_args(argv)
     d = Path(a.dir)
     shutil.rmtree(d, ignore_errors=True)
@@ -126,8 +166,9 @@ def main(argv=None):
         print(f"{label:<36} {n:>8,} records  peak {x['peak_mb']:>6.1f} MB (+{x['delta_mb']:>5.1f})  "
               f"{secs:>6.2f} s  {x['mb_per_s']:>6.1f} MB/s (of the file)  requests {x['requests']}", flush=True)
     if a.prepare: rows += prepare_rows(d, counter)
+    if a.outputs: rows += output_rows(d, counter)
     server.stop()
-    reads = [r for r in rows if not r["case"].startswith(("raw", "prepare"))]
+    reads = [r for r in rows if not r["case"].startswith(("raw", "prepare", "convert"))]
     pairs = {r["case"].rsplit(", ", 1)[0]: {} for r in reads}
     for r in reads: pairs[r["case"].rsplit(", ", 1)[0]][r["case"].rsplit(", ", 1)[1]] = r
     checks = {k: {"same_records": v["disk"]["records"] == v["S3"]["records"],
