@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_collators.ipynb #a9596a21
 from __future__ import annotations
-import argparse, bisect, math, os, shutil, time
+import argparse, bisect, json, math, os, shutil, time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,14 +13,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from .base import ParquetSink, Progress, check_paths, positive_int, progress_args, round_up
+from .base import ParquetSink, Progress, check_paths, clean_dead, positive_int, progress_args, round_up
 from .outputs import prepared_files, settings_of
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PaddingCollator', 'bfd_bins', 'PackPlan', 'pack_lengths', 'pack_table', 'pack_dataset', 'pack_parquet', 'pack_stream',
-           'seq_lengths_from_position_ids', 'block_causal_mask', 'PackedCollator', 'length_grouped_batches',
-           'waste_report', 'plot_waste', 'chunk_blocks', 'pack_args', 'pack_main']
+__all__ = ['PACK_OVERFLOW', 'PaddingCollator', 'bfd_bins', 'PackPlan', 'pack_lengths', 'pack_table', 'pack_dataset',
+           'pack_parquet', 'pack_stream', 'seq_lengths_from_position_ids', 'block_causal_mask', 'PackedCollator',
+           'length_grouped_batches', 'waste_report', 'plot_waste', 'chunk_blocks', 'PackStep', 'pack_args', 'pack_main']
 
 # %% ../nbs/05_collators.ipynb #f778657b
 IGNORE_INDEX = -100
@@ -449,16 +449,17 @@ class _Runs:
                 except OSError: pass
         finally: shutil.rmtree(self.folder, ignore_errors=True)
 
-# %% ../nbs/05_collators.ipynb #84d9572f
+# %% ../nbs/05_collators.ipynb #7f7470c9
 def _scatter(files, columns, keep, ctx: dict, runs: _Runs, rej_writer, bar):
     "Second pass: each placed fragment to its row group's run, with its rank; overlong rows to the rejects."
     rank, group, row0, frag0 = ctx["rank"], ctx["group"], 0, 0
-    for t in _row_groups(files, columns, bar):
-        b = t
+    for b in _row_groups(files, columns, bar):
         if rej_writer is not None: rej_writer(b, row0)
         cols = _batch_fragments(b, keep, ctx["n_split"], ctx["L"])
         r = rank[frag0:frag0 + len(cols["input_ids"])]
+        row0, frag0 = row0 + b.num_rows, frag0 + len(cols["input_ids"])
         sel = np.flatnonzero(r >= 0)
+        if not len(sel): continue                 # every row of this row group is overlong (or empty)
         sel = sel[np.argsort(group[r[sel]], kind="stable")]
         g = group[r[sel]]
         cuts = np.flatnonzero(np.r_[True, g[1:] != g[:-1], True])
@@ -466,7 +467,6 @@ def _scatter(files, columns, keep, ctx: dict, runs: _Runs, rej_writer, bar):
             idx = pa.array(sel[a:z])
             part = {k: c.take(idx) for k, c in cols.items()}
             runs.add(int(g[a]), pa.record_batch({"rank": pa.array(r[sel[a:z]]), **part}))
-        row0, frag0 = row0 + b.num_rows, frag0 + len(cols["input_ids"])
 
 # %% ../nbs/05_collators.ipynb #b0baa11b
 def _rejects_writer(sink: ParquetSink, lengths: np.ndarray, L: int):
@@ -527,6 +527,16 @@ def _pack_into(dst: Path, rej_path: Path | None, files, names, keep, ctx, plan, 
         for s in sinks:  # a writer that failed to close can leave its temporary file
             if getattr(s, "tmp", None) is not None: Path(s.tmp).unlink(missing_ok=True)
 
+# %% ../nbs/05_collators.ipynb #7ae17b31
+def _nothing_fits(src, files: list, lengths: np.ndarray, L: int) -> str:
+    "The message when every row is longer than `L`: the option, and the shortest row (its file and row)."
+    i = int(np.argmin(np.where(lengths > L, lengths, np.iinfo(np.int64).max)))
+    ends = np.cumsum([pq.read_metadata(f).num_rows for f in files])
+    k = int(np.searchsorted(ends, i, side="right"))
+    row, n = i - (int(ends[k - 1]) if k else 0), int(lengths[i])
+    return (f"{src}: every row is longer than --max-seq-length {L}; the shortest, {files[k]} row {row}, has {n} "
+            f"tokens: give --max-seq-length {n} or more, or --on-overflow split")
+
 # %% ../nbs/05_collators.ipynb #9f7da045
 def _packed_settings(src, L: int) -> dict:
     "The settings `src` recorded (`outputs.settings_of`), marked packed at row length `L`."
@@ -534,14 +544,16 @@ def _packed_settings(src, L: int) -> dict:
     except (ValueError, KeyError): settings = {}
     return {**settings, "packed": True, "max_seq_length": L}
 
-# %% ../nbs/05_collators.ipynb #83838593
+# %% ../nbs/05_collators.ipynb #5221e1ea
 def pack_parquet(src, dst, max_seq_length: int, overflow: str = "drop", rejects=None, row_group_rows: int | None = None,
                  mask_boundary_labels: bool = True, progress: bool | None = None) -> dict:
     "Pack tokenized Parquet (a file, a shard folder or a manifest) into `dst` in bounded memory, atomically."
     t0, dst, L = time.perf_counter(), Path(dst), int(max_seq_length)
     if L < 1: raise ValueError(f"{dst}: max_seq_length must be a positive number of tokens, got {max_seq_length}")
     rej_path = Path(rejects) if rejects else dst.with_name(dst.stem + ".rejects.parquet")
-    check_paths([*([] if isinstance(src, (list, tuple)) else [src]), *prepared_files(src)], [dst, rej_path])           # before anything is opened for writing
+    given = [] if isinstance(src, (list, tuple)) else [src]
+    check_paths([*given, *prepared_files(src)], [dst, rej_path])     # before anything is opened for writing
+    for p in (dst, rej_path): clean_dead(p)                         # what a killed run left beside them
     files, schema = _open_inputs(src)
     names = [n for n in schema.names if n != "attention_mask"]    # the mask is dropped anyway
     R = row_group_rows or max(1, (1 << 21) // L)                   # row groups of about 2M tokens
@@ -551,6 +563,7 @@ def pack_parquet(src, dst, max_seq_length: int, overflow: str = "drop", rejects=
         keep, dropped = _packed_columns(schema.names, aligned)
         frag, source, n_split = _fragments(lengths, L, overflow)
         plan = pack_lengths(frag, L)
+        if not plan.n_rows and (lengths > L).any(): raise ValueError(_nothing_fits(src, files, lengths, L))
         ctx = _pack_context(schema, keep, frag, plan, n_split, L, R, mask_boundary_labels)
         stats = _pack_stats(plan, len(lengths), source, n_split, dropped, L)
         _pack_into(dst, rej_path if stats["rejected"] else None, files, names, keep, ctx, plan, frag, lengths,
@@ -867,30 +880,77 @@ def chunk_blocks(docs: Iterable, block_size: int, eos_token_id: int | None = Non
         if drop_last: stats["dropped_tokens"] += len(buf) - ctx
         else: yield block(buf, ctx)
 
-# %% ../nbs/05_collators.ipynb #cf8dc102
+# %% ../nbs/05_collators.ipynb #040e228b
+from .steps import Step, register
+PACK_OVERFLOW = ("drop", "raise", "split")
+
+class PackStep(Step):
+    "Prepared rows packed into full rows (best-fit-decreasing over the whole input, bounded memory)."
+    name, command, options, sums = "pack", "pack", ("on_overflow",), ("records", "rows", "rejected")
+
+    def check(self, opts):
+        if not opts.max_seq_length: raise ValueError("pack needs --max-seq-length (the packed row length)")
+        if opts.on_overflow not in PACK_OVERFLOW:
+            raise ValueError(f"--on-overflow {opts.on_overflow}: pack takes {', '.join(PACK_OVERFLOW)}")
+
+    def run(self, job: dict, state=None, report=None) -> dict:
+        "Pack every file of the one shard into `job['out']`; overlong rows beside it."
+        files, o = [p["path"] for p in job["spec"]["parts"]], job["opts"]
+        overflow = "error" if o.on_overflow == "raise" else o.on_overflow
+        rej = Path(job["out"]).with_name("_part-rejects.parquet")
+        st = pack_parquet(files, job["out"], o.max_seq_length, overflow, rej, progress=o.progress)
+        st = {k: v for k, v in st.items() if k not in ("rejected_rows", "empty_rows", "src", "dst")}
+        return {**st, "records": st["examples_in"] if "examples_in" in st else st["examples_packed"] + st["rejected"]}
+
+# %% ../nbs/05_collators.ipynb #ecbf974d
+@patch
+def finish(self: PackStep, parts: list, build, split: str, opts, summaries=None):
+    "The packed file; the overlong rows moved to `rejects.parquet` in the output."
+    rej = Path(build) / "_part-rejects.parquet"
+    if rej.exists(): os.replace(rej, Path(build) / "rejects.parquet")
+    return parts, {"packed": True, "max_seq_length": opts.max_seq_length}
+
+register(PackStep())
+
+# %% ../nbs/05_collators.ipynb #5959570e
 def pack_args(parser) -> None:
     "Arguments of `unsloth-prep pack`."
-    parser.add_argument("src", help="tokenized Parquet (input_ids, labels[, attention_mask]), or a shard folder "
-                                    "(or its _manifest.json) from prepare --workers")
+    from unsloth_prep.steps import OPTIONS
+    parser.add_argument("src", help="prepared rows: an output folder of `prepare`, or tokenized Parquet files")
     parser.add_argument("dst", nargs="?", help=argparse.SUPPRESS)  # the older positional output
-    parser.add_argument("--out", help="packed Parquet to write (atomically)")
-    parser.add_argument("--max-seq-length", type=positive_int, required=True, help="tokens per packed row")
-    parser.add_argument("--on-overflow", "--overflow", dest="on_overflow", choices=["drop", "raise", "error", "split"],
-                        default="drop", help="rows longer than --max-seq-length: drop to the rejects file (default), "
-                                             "raise (stop), or split ('error' is the older spelling of raise)")
-    parser.add_argument("--rejects", default=None, help="rejects Parquet (default: <dst stem>.rejects.parquet)")
-    progress_args(parser)
+    for n in ("out", "max_seq_length", "overwrite", "progress"):
+        o = OPTIONS[n]
+        kw = {"action": "store_false" if o.negate else "store_true"} if o.flag else {"type": o.parse or str}
+        parser.add_argument(*o.flags, dest=n, default=None, help=o.help, **kw)
+    parser.add_argument("--on-overflow", "--overflow", dest="on_overflow", choices=[*PACK_OVERFLOW, "error"],
+                        default="drop", help="rows longer than --max-seq-length: drop them into "
+                                             "OUT/rejects.parquet (default), raise (stop), or split ('error' is the "
+                                             "older spelling of raise)")
 
-# %% ../nbs/05_collators.ipynb #ae8229f0
+# %% ../nbs/05_collators.ipynb #f61899c7
 def pack_main(args) -> dict:
-    "Pack a tokenized Parquet file with whole-dataset best-fit-decreasing and print a summary."
-    dst = args.out or args.dst
-    if not dst: raise ValueError("pack needs an output: --out DST")
-    overflow = "error" if args.on_overflow == "raise" else args.on_overflow  # one vocabulary with prepare
-    stats = pack_parquet(args.src, dst, args.max_seq_length, overflow=overflow, rejects=args.rejects,
-                         progress=False if args.no_progress else None)
-    print(f"packed {stats['examples_packed']} examples into {stats['rows']} rows of {args.max_seq_length} tokens: "
-          f"efficiency {100 * stats['efficiency']:.2f}%, rejected {stats['rejected']} (overlong), "
-          f"empty {stats['empty']}")
-    for k in ("rejected_rows", "empty_rows"): stats.pop(k, None)
-    return stats
+    "`unsloth-prep pack`: prepared rows packed into full rows, written as an output of this tool; the summary."
+    from unsloth_prep.outputs import check_output
+    from unsloth_prep.parallel import identity, plan_work, run_build
+    from unsloth_prep.steps import STEPS, make_options
+    on = "raise" if args.on_overflow == "error" else args.on_overflow
+    opts = make_options({"out": args.out or args.dst, "max_seq_length": args.max_seq_length, "on_overflow": on,
+                         "overwrite": args.overwrite, "progress": args.progress}, "cli")
+    if not opts.out: raise ValueError("pack needs an output: --out DST")
+    step, files = STEPS["pack"], [str(f) for f in prepared_files(args.src)]
+    step.check(opts)
+    out = check_output(opts.out, [args.src, *files], opts.overwrite)
+    clean_dead(out)
+    m = run_build(step, lambda b: {"sides": {"train": plan_work(files, 1)}}, opts, out, identity(step, opts, files),
+                  {"command": "pack", "step": "pack", "settings": {**_packed_settings(args.src, opts.max_seq_length)}})
+    return _pack_report(m, out, opts)
+
+# %% ../nbs/05_collators.ipynb #ef14b526
+def _pack_report(m: dict, out: Path, opts) -> dict:
+    "The summary of a pack run, and its readable line."
+    s = {k: v for k, v in m["shards"][0].items() if k not in ("worker", "index", "split", "key", "source", "rejects")}
+    s.update(out=str(out), rows=m["splits"]["train"]["rows"], up_to_date=bool(m.get("up_to_date")),
+             rejects=str(out / "rejects.parquet") if (out / "rejects.parquet").exists() else None)
+    print(f"packed {s['examples_packed']} examples into {s['rows']} rows of {opts.max_seq_length} tokens: "
+          f"efficiency {100 * s['efficiency']:.2f}%, rejected {s['rejected']} (overlong), empty {s['empty']} -> {out}")
+    return s

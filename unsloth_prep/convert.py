@@ -621,10 +621,12 @@ def _finish(tmp, dst, parts, rows_per_file) -> list:
     os.replace(parts[0][0], dst)
     return [dst]
 
-# %% ../nbs/03_convert.ipynb #373ff905
+# %% ../nbs/03_convert.ipynb #4aca8855
+from unsloth_prep.loading import file_size, is_url       # `src` may be a URL: read through the same opener
+
 def _check_convert_args(src: Path, dst: Path, fmt: str, overwrite: bool) -> str:
-    "The layout to read `src` as, once source and destination are known to be usable (errors name the path)."
-    if src.is_dir(): raise ValueError(f"{src}: is a directory; convert takes one JSONL or JSON array file")
+    "The layout to read `src` (a path or a URL) as, once source and destination are known to be usable."
+    if os.path.isdir(src): raise ValueError(f"{src}: is a directory; convert takes one JSONL or JSON array file")
     check_file(src)                                  # a pipe, FIFO or device: refused by name, never half read
     if dst.exists() and not overwrite: raise ValueError(f"{dst} exists (pass overwrite=True / --overwrite)")
     fmt = ("json_array" if _first_byte(src) == b"[" else "jsonl") if fmt == "auto" else fmt
@@ -647,7 +649,7 @@ def _settle(parts, st, tmp, new_writer, compression) -> list:
         parts = [[tmp / "out" / "part-00000.parquet", st.schema, 0]]
     return parts
 
-# %% ../nbs/03_convert.ipynb #29d20caa
+# %% ../nbs/03_convert.ipynb #71ec2f18
 def _exact_or_text(parts, st):
     "Make JSON text of every field whose integers in an earlier part the final float type could not hold exactly."
     for path, schema, _ in parts:
@@ -665,7 +667,7 @@ def _source(src: Path, fmt: str, block_bytes: int, byte_range) -> tuple:
     start, end = byte_range or (0, None)
     if byte_range and (fmt != "jsonl" or compression_of(src)):
         raise ValueError(f"{src}: only an uncompressed JSONL file can be converted by byte range")
-    size = (end or src.stat().st_size) - start
+    size = (end or file_size(src)) - start
     if fmt == "json_array": return iter_array_blocks(src, block_bytes), size, 1
     return iter_line_blocks(src, block_bytes, start, end), size, _lines_before(src, start) + 1
 
@@ -679,7 +681,7 @@ def _summary(st, secs, size, fmt, dst, files, rejects) -> dict:
                 output_bytes=sum(Path(f).stat().st_size for f in files), blocks=st.blocks,
                 slow_blocks=st.slow_blocks, columns=[f"{f.name}: {f.type}" for f in st.schema])
 
-# %% ../nbs/03_convert.ipynb #adc086ff
+# %% ../nbs/03_convert.ipynb #b3ec491e
 def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | None = None, compression: str = "zstd",
             compression_level: int | None = None, row_group_rows: int = 100_000, row_group_mb: float = 4,
             block_mb: float = 2, fmt: str = "auto", overwrite: bool = False, progress=True,
@@ -687,7 +689,7 @@ def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | N
     """Convert a JSONL file or JSON array `src` to Parquet `dst` (a folder of parts with `rows_per_file`) in bounded
     memory; return the summary. `progress`: a bar on stderr, or a callable `(rows, nbytes)`; `byte_range`: `(start,
     end)` of an uncompressed JSONL file, starting at a line (lines keep their numbers in the whole file)."""
-    t0, src, dst = time.perf_counter(), Path(src), Path(dst)
+    t0, src, dst = time.perf_counter(), src if is_url(src) else Path(src), Path(dst)
     fmt = _check_convert_args(src, dst, fmt, overwrite)
     rejects = Path(rejects) if rejects else default_rejects_path(dst)
     check_paths([src], [dst, rejects])                   # an output or rejects file never replaces the input
@@ -704,7 +706,7 @@ def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | N
     try:
         from tqdm import tqdm
         total = None if compression_of(src) else size   # progress counts uncompressed bytes
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert {src.name}",
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert {Path(str(src)).name}",
                    disable=not progress or report is not None, mininterval=0.5)
         with open(tmp / "rejects.jsonl", "wb") as rfh, bar:
             st = ConvertState(rfh, strict, str(src), "line" if fmt == "jsonl" else "element")
@@ -788,12 +790,12 @@ def _join_files(files: list, dst) -> None:
                 with open(f, "rb") as src: shutil.copyfileobj(src, out)
                 os.remove(f)
 
-# %% ../nbs/03_convert.ipynb #bbbf6f0c
+# %% ../nbs/03_convert.ipynb #0b1f6c79
 class ConvertStep(Step):
     "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
     name, command, columns = "convert", "convert", ()
     options = ("syntax", "compression", "compression_level", "batch_rows", "row_group_mb", "block_mb", "rows_per_file")
-    sums = ("rows", "rejected", "blank", "lines", "input_bytes")
+    sums = ("rows", "rejected", "blank", "lines", "input_bytes", "blocks", "slow_blocks")
 
     def run(self, job: dict, state=None, report=None) -> dict:
         "Convert each piece of one shard into its own Parquet file(s); the counts summed."
@@ -806,10 +808,12 @@ class ConvertStep(Step):
             files += r["files"]
             got.append(r)
         _join_files([f"{job['rejects']}.{k}" for k in range(len(parts))], job["rejects"])
-        s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes")}
+        s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes", "blocks",
+                                                  "slow_blocks")}
         return {**s, "files": files, "coerced": _summed(r["coerced"] for r in got),
                 "json_text_fields": sorted({f for r in got for f in r["json_text_fields"]}),
-                "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20], "format": got[0]["format"],
+                "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20],
+                "format": got[0]["format"],
                 "rejects": [{"line": n} for r in got for n in r["first_rejected_lines"]][:20]}
 
 def _summed(dicts) -> dict:

@@ -57,7 +57,7 @@ def folder_mb(path) -> float:
     "Size of the files in a folder, MB."
     return round(sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / 2**20, 2)
 
-# %% ../nbs/07a_export.ipynb #4da37678
+# %% ../nbs/07a_export.ipynb #5cd418f3
 EXPORT_DTYPES = ("float16", "bfloat16", "float32")
 
 
@@ -66,6 +66,8 @@ def merge_adapter(run_dir, out, dtype: str = "float16", method: str = "auto", ov
     if dtype not in EXPORT_DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(EXPORT_DTYPES)}, got {dtype!r}")
     adapter, out, t0 = find_adapter(run_dir), Path(out).resolve(), time.perf_counter()
+    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    check_paths([run_dir, adapter, *([base] if base and Path(base).exists() else [])], [out])  # whatever the flags
     if out.exists() and not overwrite:
         raise ValueError(f"{out}: already exists (pass --overwrite to replace it)")
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")

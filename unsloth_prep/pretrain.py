@@ -42,17 +42,17 @@ def _text_engine(path, encoder: str = "auto"):
     tok = _text_lean(path, encoder)
     return encoder_for(tok), tok.eos_token_id
 
-# %% ../nbs/04b_pretrain.ipynb #6be2db68
+# %% ../nbs/04b_pretrain.ipynb #c60e5375
 def _iter_whole(path) -> Iterator[tuple[int, str]]:
     "Yield `(1, text)`: the whole text file as one document."
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="") as f:
         yield 1, f.read()
 
-# %% ../nbs/04b_pretrain.ipynb #b9b8c9d1
+# %% ../nbs/04b_pretrain.ipynb #830e62e6
 def _iter_paragraphs(path) -> Iterator[tuple[int, str]]:
     "Yield `(first line, paragraph)` for each blank-line-separated paragraph of a text file, one at a time."
     buf, first = [], 0
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 first = first if buf else n

@@ -35,7 +35,7 @@ def declare(name: str, *flags, **kw) -> Option:
     OPTIONS[name] = opt
     return opt
 
-# %% ../nbs/02a_steps.ipynb #a6da839f
+# %% ../nbs/02a_steps.ipynb #a34b45c6
 ON_ERROR, ENGINES = ("raise", "skip"), ("local", "ray")
 _COMMON = dict(
     tokenizer=dict(help="tokenizer (or model / processor) folder, or a Hub name"),
@@ -62,6 +62,8 @@ declare("max_seq_length", "--max-seq-length", "--max-length", parse=positive_int
         help="tokens per row (TRL: max_length)")
 declare("progress", "--no-progress", flag=True, negate=True, common=True,
         help="no progress line (it shows on a terminal only)")
+declare("on_overflow", default="truncate", choices=("truncate", "drop", "raise", "split"),
+        help="rows over --max-seq-length: truncate, drop or raise (pack: drop, raise or split)")
 
 # %% ../nbs/02a_steps.ipynb #926fb6d7
 class Options:
@@ -123,7 +125,7 @@ def make_options(values: dict, source: str = "python") -> Options:
     defaults = {n: o.default for n, o in OPTIONS.items()}
     return Options({**defaults, **given}, given)
 
-# %% ../nbs/02a_steps.ipynb #aa2fe942
+# %% ../nbs/02a_steps.ipynb #619eac5f
 class Step:
     "One kind of work the executor runs on shards; a task is one registered instance."
     name: str = ""
@@ -158,6 +160,10 @@ class Step:
     def finish(self, parts: list, out_dir, split: str, opts: Options, summaries=None):
         "The split's files from the shards' files `parts` (in order), or `(files, info)`; default: the parts."
         return parts
+
+    def finishes(self, opts: Options) -> bool:
+        "Whether `finish` reads or rewrites the shards' files (False: they are the split's files as they are)."
+        return type(self).finish is not Step.finish
 
     def __repr__(self): return f"<step {self.name}>"
 

@@ -831,18 +831,17 @@ def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: 
     report_lost(counts, data)
     return st, counts, rejects.count
 
-# %% ../nbs/04_tokenization.ipynb #31bbdad0
+# %% ../nbs/04_tokenization.ipynb #e295bf23
 from .base import positive_int
 from .steps import STEPS, Step, declare, register
 from .tokenizer import ENCODERS, template_folder
 
-declare("template", help="chat template: an Unsloth name (chatml, llama-3.1, qwen-2.5, ...); default: the tokenizer's own")
+declare("template", help="chat template: an Unsloth name (chatml, llama-3.1, qwen-2.5, ...); default: the "
+                          "tokenizer's own")
 declare("encoder", default="auto", choices=ENCODERS, common=True, help="token encoder engine")
 declare("train_on", default="all-assistant", choices=TRAIN_ON,
         help="which turns train: all-assistant (TRL assistant_only_loss, Unsloth train_on_responses_only), "
              "last-assistant, all (LLaMA-Factory train_on_prompt, Axolotl train_on_inputs)")
-declare("on_overflow", default="truncate", choices=ON_OVERFLOW + ("split",),
-        help="rows over --max-seq-length: truncate, drop or raise (pack: drop, raise or split)")
 declare("chars_per_token", parse=positive_int, default=8, help="character pre-truncation budget per token")
 declare("pack", flag=True, default=False, help="pack rows into full --max-seq-length rows")
 declare("drop_images", flag=True, default=False, help="a text-only tokenizer: drop the images of records that "
@@ -910,11 +909,12 @@ class ChatStep(Step):
         vision = STEPS.get("vision")
         return vision if vision is not None and vision.accepts(opts.tokenizer) else self
 
-# %% ../nbs/04_tokenization.ipynb #407e3685
+# %% ../nbs/04_tokenization.ipynb #c756b135
 @patch
 def check(self: ChatStep, opts):
     "Options the chat step cannot run with."
-    if opts.on_overflow == "split": raise ValueError("--on-overflow split is for `pack`; prepare: truncate, drop, raise")
+    if opts.on_overflow == "split":
+        raise ValueError("--on-overflow split is for `pack`; prepare: truncate, drop or raise")
     if opts.pack and not opts.max_seq_length: raise ValueError("--pack needs --max-seq-length (the packed row length)")
 
 @patch
@@ -931,7 +931,7 @@ def run(self: ChatStep, job: dict, tok, report=None) -> dict:
     return {**s, "records": s["records"] + rej.count, "rejected": s["rejected"] + rej.count, "rejects": rej.items,
             "images_dropped": sum(dropped)}
 
-# %% ../nbs/04_tokenization.ipynb #9fc926e5
+# %% ../nbs/04_tokenization.ipynb #41e3ac0f
 @patch
 def finish(self: ChatStep, parts: list, build, split: str, opts, summaries=None):
     "The shards' files, or one packed file of their rows (with `--pack`) and the packing counts."
@@ -941,5 +941,8 @@ def finish(self: ChatStep, parts: list, build, split: str, opts, summaries=None)
     info = pack_parquet(parts, dst, opts.max_seq_length, progress=False)
     for p in parts: p.unlink()
     return [dst], {"pack": info}
+
+@patch
+def finishes(self: ChatStep, opts) -> bool: return bool(opts.pack)    # unpacked: the shards' files as they are
 
 register(ChatStep())

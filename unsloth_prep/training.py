@@ -90,13 +90,17 @@ def resolve_settings(cfg: dict, hw: dict) -> dict:
     return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
             "recommendation": rec}
 
-# %% ../nbs/07_training.ipynb #853bdca0
+# %% ../nbs/07_training.ipynb #8945befe
 def _files(path, split: str = "train") -> list[str]:
     "Expand a Parquet file, output folder (its `split`), folder or glob (or a list) into files; an error if none."
+    from unsloth_prep.base import is_url
     out = []
     for p in (path if isinstance(path, list) else [path]):
         p = str(p)
-        if os.path.exists(os.path.join(p, "_manifest.json")):   # an output of `prepare`: its split, in order
+        if is_url(p):                                    # an output in a store (checked), or one object
+            from unsloth_prep.outputs import prepared_files
+            hits = [str(f) for f in prepared_files(p, split)]
+        elif os.path.exists(os.path.join(p, "_manifest.json")):   # an output of `prepare`: its split, in order
             from unsloth_prep.outputs import data_files
             hits = [str(f) for f in data_files(p, split)]
         elif os.path.isdir(p):
@@ -195,12 +199,15 @@ class BatchProbe:
     def trained_tokens(self) -> int:
         return sum(t for _, t in self.built[: self.forwards])
 
-# %% ../nbs/07_training.ipynb #4ec88596
+# %% ../nbs/07_training.ipynb #6f1a56d6
+def _saves(cfg: dict) -> dict:
+    "Checkpoints every `trainer.save_steps` when the config sets it (the defaults save none); every task's trainer."
+    given = cfg["trainer"]
+    return {"save_strategy": "steps"} if given.get("save_steps") and "save_strategy" not in given else {}
+
 def _schedule(cfg: dict, t: dict) -> dict:
     "Save, eval and early-stopping settings implied by the config (explicit `trainer` keys win)."
-    given, out, src = cfg["trainer"], {}, cfg["_source"]
-    if given.get("save_steps") and "save_strategy" not in given:
-        out["save_strategy"] = "steps"
+    given, out, src = cfg["trainer"], _saves(cfg), cfg["_source"]
     patience = (cfg.get("early_stopping") or {}).get("patience")
     if not cfg["data"].get("eval_path"):
         for k in ("eval_steps", "eval_strategy"):
@@ -301,11 +308,13 @@ def prepare_data(cfg: dict, train_dataset=None):
         raise ValueError(f"{source}: packed rows need a 'seq_lengths' column (lengths of the examples in each row)")
     return ds, {**info, "source": source}
 
-# %% ../nbs/07_training.ipynb #85b80d34
+# %% ../nbs/07_training.ipynb #ea03582c
 def _validation_of(path) -> list | None:
     "The files of the validation split of a prepared output folder (`prepare --eval-fraction`), or None."
+    from unsloth_prep.base import is_url
     from unsloth_prep.outputs import read_manifest
-    m = read_manifest(path) if isinstance(path, (str, os.PathLike)) and os.path.isdir(path) else None
+    here = isinstance(path, (str, os.PathLike)) and (os.path.isdir(path) or is_url(str(path)))
+    m = read_manifest(path) if here else None
     return _files(path, "validation") if m and "validation" in m.get("splits", {}) else None
 
 # %% ../nbs/07_training.ipynb #3609bdfe
@@ -524,8 +533,8 @@ def _trainer_of(cfg: dict, train_dataset=None) -> str:
 
 TRAINERS = {  # a step's `trainer` -> how `train` runs it (`sft` is `train` itself)
     "vision": lambda cfg, ds, keep, resume: train_images(cfg, resume),
-    "pretrain": lambda cfg, ds, keep, resume: train_pretrain(cfg, ds, return_trainer=keep),
-    "preference": lambda cfg, ds, keep, resume: train_preference(cfg, cfg["task"], cfg["reference"]),
+    "pretrain": lambda cfg, ds, keep, resume: train_pretrain(cfg, ds, return_trainer=keep, resume=resume),
+    "preference": lambda cfg, ds, keep, resume: train_preference(cfg, cfg["task"], cfg["reference"], resume=resume),
 }
 
 # %% ../nbs/07_training.ipynb #16a880bd
@@ -599,13 +608,15 @@ def match_prepared(cfg: dict) -> dict:
                 raise ValueError(_disagree(cfg, path, key, name, value, settings))
     return found
 
-# %% ../nbs/07_training.ipynb #2c2771c2
+# %% ../nbs/07_training.ipynb #4dab36db
 def check_run(cfg: dict, train_dataset=None) -> dict:
     "The checks `train` makes before loading anything: prepared settings, outputs vs inputs; prints the schedule note."
     from unsloth_prep.base import check_paths
     found = match_prepared(cfg) if train_dataset is None else {}
     out = Path(cfg["output_dir"])
     check_paths(_data_paths(cfg), [out / "adapter", out / "checkpoints", out / "report.json", out / "report.png"])
+    models = [p for p in (cfg["model"]["name"], cfg["data"].get("tokenizer")) if p and os.path.exists(str(p))]
+    check_paths(models, [out])                       # the run never writes into (or over) its model's folder
     steps = {**TRAINER_DEFAULTS, **cfg["trainer"]}.get("max_steps")
     if steps is not None and steps < 0:
         epochs = cfg["trainer"].get("num_train_epochs", 3)
@@ -947,14 +958,15 @@ def _load_rows(cfg: dict, task: str):
                                  f"run `unsloth-prep prepare --task {task}` first")
     return ds
 
-# %% ../nbs/07_training.ipynb #0a77eed8
+# %% ../nbs/07_training.ipynb #db018e1f
 def _trainer_args(conf, cfg: dict, settings: dict, hw: dict, task: str, ref: str):
     "The task's TRL config from the `trainer:` section; precision by hardware, rows already cut to length."
     import dataclasses
     fields = {f.name for f in dataclasses.fields(conf)}
     bad = [k for k in cfg["trainer"] if k not in fields]
     if bad: raise ValueError(f"{cfg['_source']}: unknown key 'trainer.{bad[0]}' (not a {conf.__name__} argument)")
-    kw = dict(settings["trainer"], output_dir=str(Path(cfg["output_dir"]) / "checkpoints"), remove_unused_columns=False,
+    kw = dict(settings["trainer"], **_saves(cfg), output_dir=str(Path(cfg["output_dir"]) / "checkpoints"),
+              remove_unused_columns=False,
               bf16=settings["dtype"] == "bfloat16" and hw["device"] == "cuda",
               fp16=settings["dtype"] == "float16" and hw["device"] == "cuda", dataloader_num_workers=0)
     kw["max_length"] = cfg["max_seq_length"] if FORMS[task].joined else None  # DPO/KTO: the rows already fit
@@ -968,7 +980,7 @@ def _reference_copy(cfg: dict, settings: dict):
     ref = AutoModelForCausalLM.from_pretrained(cfg["model"]["name"], dtype=getattr(torch, settings["dtype"]))
     return ref.eval().requires_grad_(False)
 
-# %% ../nbs/07_training.ipynb #7bc1d688
+# %% ../nbs/07_training.ipynb #d41f5f2a
 def build_preference_trainer(config, task: str | None = None, ref: str = "adapter", keep_batches: int = 2,
                              callbacks=None):
     "Unsloth model + LoRA and TRL's DPO/ORPO/KTO trainer on prepared Parquet (not tokenized again), with a probe."
@@ -987,24 +999,34 @@ def build_preference_trainer(config, task: str | None = None, ref: str = "adapte
     ds = _load_rows(cfg, task)
     model, tok = training.load_model(cfg, settings)
     kw = {"ref_model": _reference_copy(cfg, settings) if ref == "model" else None} if FORMS[task].reference else {}
-    trainer = trainer_cls(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks, **kw)
+    trainer = trainer_cls(model=model, args=args, train_dataset=ds, processing_class=tok,
+                          callbacks=[*(callbacks or []), training.checkpoint_marker()], **kw)
     trainer.data_collator = PreferenceProbe(trainer.data_collator, keep_batches)
     return trainer, {"cfg": cfg, "task": task, "ref": ref, "patch": patched, "hw": hw, "rows": ds}
 
-# %% ../nbs/07_training.ipynb #85848420
-def train_preference(config, task: str | None = None, ref: str = "adapter", keep_batches: int = 2) -> dict:
-    "Build the trainer, train, save the adapter; report losses, whether the batches carry the prepared ids, time."
+# %% ../nbs/07_training.ipynb #e59b63ba
+def _resume_adapter(model, ckpt):
+    "Load the trained adapter saved at the root of checkpoint `ckpt` into `model` (its adapters in subfolders aside)."
+    if ckpt and (Path(ckpt) / "adapter_model.safetensors").exists() and hasattr(model, "load_adapter"):
+        model.load_adapter(ckpt, model.active_adapter, is_trainable=True)
+
+# %% ../nbs/07_training.ipynb #cd0e1bc2
+def train_preference(config, task: str | None = None, ref: str = "adapter", keep_batches: int = 2,
+                     resume=None) -> dict:
+    "Build the trainer, train (or resume), save the adapter; report losses, whether the batches carry the prepared ids."
     t0 = time.perf_counter()
     trainer, ctx = build_preference_trainer(config, task, ref, keep_batches)
+    ckpt = resume_path(Path(ctx["cfg"]["output_dir"]) / "checkpoints", resume)
+    _resume_adapter(trainer.model, ckpt)
     t1 = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=ckpt)
     out = Path(ctx["cfg"]["output_dir"]) / "adapter"
     trainer.save_model(str(out))
-    logs = trainer.state.log_history
+    curve = loss_curve(trainer.state.log_history)
     return {"task": ctx["task"], "ref": ref, "unsloth_patch": ctx["patch"], "device": ctx["hw"]["device"],
-            "steps": trainer.state.global_step, "losses": [round(h["loss"], 4) for h in logs if "loss" in h],
+            "steps": trainer.state.global_step, "losses": [round(x, 4) for _, x in curve], "loss_curve": curve,
             "batches": check_batches(trainer.data_collator, ctx["rows"], ctx["task"]),
-            "model": type(trainer.model).__name__, "adapter": str(out),
+            "model": type(trainer.model).__name__, "adapter": str(out), "resumed_from": ckpt,
             "setup_seconds": round(t1 - t0, 2), "train_seconds": round(time.perf_counter() - t1, 2)}
 
 # %% ../nbs/07_training.ipynb #504a98b6
@@ -1012,8 +1034,8 @@ PRETRAIN_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_pro
                     "lm_head"]
 PRETRAIN_TRAINER = dict(learning_rate=5e-5, embedding_learning_rate=5e-6, warmup_steps=0.1, lr_scheduler_type="cosine")
 
-# %% ../nbs/07_training.ipynb #3e1be97d
-def pretrain_trainer(model, tokenizer, dataset, cfg: dict | None = None):
+# %% ../nbs/07_training.ipynb #2e698ecc
+def pretrain_trainer(model, tokenizer, dataset, cfg: dict | None = None, callbacks=None):
     "Unsloth's `UnslothTrainer` on prepared blocks: packed collator, `embedding_learning_rate` for the embeddings."
     import dataclasses, torch
     from unsloth import UnslothTrainer, UnslothTrainingArguments
@@ -1027,11 +1049,11 @@ def pretrain_trainer(model, tokenizer, dataset, cfg: dict | None = None):
     args = UnslothTrainingArguments(remove_unused_columns=False, dataloader_num_workers=0, **extra, **cfg)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     return UnslothTrainer(model=model, processing_class=tokenizer, train_dataset=dataset, args=args,
-                          data_collator=make_collator(tokenizer, packed=True, device=device))
+                          data_collator=make_collator(tokenizer, packed=True, device=device), callbacks=callbacks)
 
-# %% ../nbs/07_training.ipynb #eb7bdc1a
-def train_pretrain(config: dict, train_dataset=None, return_trainer: bool = False) -> dict:
-    "Continued pretraining on prepared blocks from a training config; saves the adapter, returns the summary."
+# %% ../nbs/07_training.ipynb #19626e80
+def train_pretrain(config: dict, train_dataset=None, return_trainer: bool = False, resume=None) -> dict:
+    "Continued pretraining on prepared blocks from a training config (resumed when asked); the adapter and summary."
     from unsloth_prep import training as T
     from unsloth_prep.memory import track
     cfg = config if "_source" in config else T.load_config({k: v for k, v in config.items() if k != "task"})
@@ -1041,19 +1063,23 @@ def train_pretrain(config: dict, train_dataset=None, return_trainer: bool = Fals
     targets = settings["lora"]["target_modules"]
     settings["lora"]["target_modules"] = list(dict.fromkeys([*([targets] if isinstance(targets, str) else targets),
                                                              "embed_tokens", "lm_head"]))
-    trainer_cfg = {**settings["trainer"], **{k: v for k, v in PRETRAIN_TRAINER.items() if k not in cfg["trainer"]}}
+    trainer_cfg = {**settings["trainer"], **T._saves(cfg),
+                   **{k: v for k, v in PRETRAIN_TRAINER.items() if k not in cfg["trainer"]}}
     # the recipe's learning rates and schedule, unless the config sets them
+    out = Path(cfg["output_dir"]).resolve()
+    ckpt = T.resume_path(out / "checkpoints", resume)
     with track("pretrain", interval=0.05) as mem:
         ds, info = T.prepare_data(cfg, train_dataset)
         model, tok = T.load_model(cfg, settings)
-        out = Path(cfg["output_dir"]).resolve()
-        trainer = pretrain_trainer(model, tok, ds, {**trainer_cfg, "output_dir": str(out / "checkpoints")})
-        result = trainer.train()
+        trainer = pretrain_trainer(model, tok, ds, {**trainer_cfg, "output_dir": str(out / "checkpoints")},
+                                   callbacks=[T.checkpoint_marker()])
+        result = trainer.train(resume_from_checkpoint=ckpt)
         trainer.model.save_pretrained(str(out / "adapter"))
         tok.save_pretrained(str(out / "adapter"))
     curve = T.loss_curve(trainer.state.log_history)
     s = {"task": "pretrain", "steps": trainer.state.global_step, "first_loss": curve[0][1] if curve else None,
-         "final_loss": curve[-1][1] if curve else None, "learning_rate": trainer.args.learning_rate,
+         "final_loss": curve[-1][1] if curve else None, "losses": [x for _, x in curve], "loss_curve": curve,
+         "resumed_from": ckpt, "learning_rate": trainer.args.learning_rate,
          "embedding_learning_rate": trainer.args.embedding_learning_rate,
          "lora_targets": settings["lora"]["target_modules"],
          "data": info["source"], "train_seconds": round(result.metrics.get("train_runtime", 0.0), 3),
