@@ -292,9 +292,6 @@ def test_kill_9_leaves_nothing_a_rerun_does_not_clean(big, tmp_path):
     assert not [p.name for p in out.iterdir() if p.name.startswith((".", "_part", "_rejects", "_journal"))]
 
 
-@pytest.mark.xfail(reason="core bug: outputs.publish leaves `.OUT.old-PID` (the previous output) when the run is "
-                          "killed while it removes it, and no later run cleans it (base.clean_dead is never called)",
-                   strict=True)
 def test_rerun_cleans_what_a_run_killed_while_publishing_left(tmp_path):
     "A run killed after it moved the earlier output aside (`.x.old-PID`, a dead PID) leaves nothing after a rerun."
     src = tmp_path / "in" / "d.jsonl"

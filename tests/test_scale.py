@@ -135,8 +135,6 @@ def test_dead_worker_fails_the_run(tmp_path):
     assert "shard 1 (f1) failed: WorkerDied: exit code 9" in _dead_worker_run(tmp_path, 1.0)
 
 
-@pytest.mark.xfail(reason="core bug: a worker killed at once after taking a job (its 'start' message still in the "
-                          "queue's feeder thread) is never noticed: parallel._run_local waits forever", strict=True)
 def test_worker_killed_at_once_fails_the_run(tmp_path):
     "A worker killed the moment it takes a shard fails the run too (no hang)."
     assert "shard 1 (f1) failed: WorkerDied: exit code 9" in _dead_worker_run(tmp_path, 0.0)
