@@ -56,15 +56,23 @@ def leftovers(folder, keep) -> list:
 
 
 # ---------------------------------------------------------------- an output that is an input
-@pytest.mark.parametrize("case", ["dst_is_src", "rejects_is_src", "default_rejects_is_src"])
+@pytest.mark.parametrize("case", ["dst_is_src", "dst_holds_src", "default_rejects_is_src"])
 def test_pack_never_writes_over_its_input(tmp_path, case):
-    src = tokenized(tmp_path / ("data.rejects.parquet" if case == "default_rejects_is_src" else "data.parquet"))
+    # default_rejects_is_src: the input is OUT/rejects.parquet, where pack puts its overlong rows
+    src = tokenized(_mkdir(tmp_path / "o") / "rejects.parquet") if case == "default_rejects_is_src" \
+        else tokenized(tmp_path / "data.parquet")
     before = digest(src)
-    args = {"dst_is_src": [src, src], "rejects_is_src": [src, tmp_path / "out.parquet", "--rejects", src],
-            "default_rejects_is_src": [src, tmp_path / "data.parquet"]}[case]
+    args = {"dst_is_src": [src, src], "dst_holds_src": [src, tmp_path],
+            "default_rejects_is_src": [src, tmp_path / "o"]}[case]
     p = cli("pack", *args, "--max-seq-length", 16, "--no-progress")
     refused(p, src.name)
-    assert digest(src) == before and leftovers(tmp_path, [src]) == []
+    assert digest(src) == before and leftovers(tmp_path, [src, "o"]) == []
+    if case == "default_rejects_is_src": assert sorted(f.name for f in (tmp_path / "o").iterdir()) == [src.name]
+
+
+def _mkdir(d):
+    Path(d).mkdir(parents=True, exist_ok=True)
+    return Path(d)
 
 
 @pytest.mark.parametrize("flag", ["--rejects", "--write-clean"])
@@ -108,11 +116,11 @@ def test_train_outputs_never_replace_its_data(tmp_path):
 def test_numeric_options_are_range_checked(tmp_path, argv, option):
     src = tokenized(tmp_path / "data.parquet")
     before = digest(src)
-    argv = [a.format(src=src, out=tmp_path / "out.parquet") for a in argv]
+    argv = [a.format(src=src, out=tmp_path / "out") for a in argv]
     p = cli(*argv)
     refused(p, option)
     assert "ZeroDivisionError" not in p.stderr and digest(src) == before
-    assert not (tmp_path / "out.parquet").exists()
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- full disk, read-only folder, Ctrl-C
@@ -142,9 +150,9 @@ def test_pack_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path):
     # ENOSPC injected into the Parquet writer of the fresh process (a real full disk: see the tmpfs test below)
     src = tokenized(tmp_path / "data.parquet", lengths=(5, 7, 9, 30, 12, 3) * 50)
     before = digest(src)
-    out = tmp_path / "out" / "packed.parquet"
+    out = tmp_path / "out" / "packed"
     p = with_fault("enospc", "pack", src, out, "--max-seq-length", 16, "--no-progress")
-    refused(p, "packed.parquet", "No space left")
+    refused(p, "packed", "No space left")
     assert digest(src) == before and leftovers(tmp_path, [src, "out"]) == []
 
 
@@ -163,8 +171,8 @@ def test_pack_on_a_really_full_tmpfs(tmp_path, small_fs):
     if small_fs is None: pytest.skip("cannot mount a tmpfs here (the injected ENOSPC test covers this)")
     src = tokenized(tmp_path / "data.parquet", lengths=list(range(100, 400)) * 4)   # ~3 MB of packed output
     before = digest(src)
-    p = cli("pack", src, small_fs / "packed.parquet", "--max-seq-length", 512, "--no-progress")
-    refused(p, "packed.parquet", "No space left")
+    p = cli("pack", src, small_fs / "packed", "--max-seq-length", 512, "--no-progress")
+    refused(p, "packed", "No space left")
     assert digest(src) == before and leftovers(small_fs, []) == []
 
 
@@ -187,22 +195,29 @@ def readonly_dir(tmp_path):
 def test_pack_into_a_read_only_folder(tmp_path, readonly_dir):
     src = tokenized(tmp_path / "data.parquet")
     before = digest(src)
-    p = cli("pack", src, readonly_dir / "packed.parquet", "--max-seq-length", 16, "--no-progress")
+    p = cli("pack", src, readonly_dir / "packed", "--max-seq-length", 16, "--no-progress")
     refused(p, str(readonly_dir))
     assert digest(src) == before and list(readonly_dir.iterdir()) == []
 
 
 def test_ctrl_c_in_pack_exits_130_and_leaves_nothing(tmp_path):
+    "Ctrl-C: exit 130, no output and no half-written file; only the hidden build (its journal, for a resume), which the"
+    " next run takes over and removes."
+    from unsloth_prep.outputs import build_dir
     src = tokenized(tmp_path / "data.parquet", lengths=(5, 7, 9, 30, 12, 3) * 50)
     before = digest(src)
-    out = tmp_path / "out" / "packed.parquet"
+    out = tmp_path / "out" / "packed"
     t0 = time.perf_counter()
     p = with_fault("sigint", "pack", src, out, "--max-seq-length", 16, "--no-progress")
     err = p.stderr.strip()
     assert p.returncode == 130, (p.returncode, err[-2000:])
     assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
     assert time.perf_counter() - t0 < 60
-    assert digest(src) == before and leftovers(tmp_path, [src, "out"]) == []
+    build = build_dir(out)
+    assert digest(src) == before and not out.exists() and not list(build.rglob("*.parquet*"))
+    assert [f for f in leftovers(tmp_path, [src, "out"]) if not f.startswith(f"out/{build.name}")] == []
+    assert cli("pack", src, out, "--max-seq-length", 16, "--no-progress").returncode == 0
+    assert not build.exists() and [f for f in leftovers(tmp_path, [src, "out"]) if not f.startswith("out/packed")] == []
 
 
 # ---------------------------------------------------------------- the config reader

@@ -10,7 +10,7 @@ from unsloth_prep.fixtures import iter_records, tiny_model, write_records
 from unsloth_prep.tokenization import (TokenizeCounts, length_stats, tokenize_conversation, tokenize_dataset, verify_labels)
 from unsloth_prep.tokenizer import load_tokenizer
 from unsloth_prep.base import MANIFEST
-from unsloth_prep.outputs import REJECTS, data_files
+from unsloth_prep.outputs import README, REJECTS, data_files
 from clitools import last_json, run
 
 
@@ -90,7 +90,7 @@ def test_prepare_cli(model, data, tmp_path, tok):
     assert rep.ok, rep
     assert check_trained_text(rows, source_conversations(path), tok) == s["rows"]
     assert sorted(p.name for p in out.parent.iterdir()) == ["train"], "temp file left"
-    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, REJECTS, *(Path(f).name for f in s["files"])])
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, README, REJECTS, *(Path(f).name for f in s["files"])])
     assert s["rejects"] == str(out / REJECTS)
     assert len((out / REJECTS).read_text().splitlines()) == s["rejected"] == Path(s["rejects"]).read_text().count("\n")
 
