@@ -1154,7 +1154,7 @@ def _registry_path(file: Path, name: str, file_name, allow_outside: bool) -> str
 
 # %% ../nbs/02_loading.ipynb #9f3939d9
 _LF_ALPACA = {"prompt": "instruction", "query": "input", "response": "output"}
-_LF_COMMON = ("history", "system", "tools", "images", "videos", "audios", "chosen", "rejected")
+_LF_COMMON = ("history", "system", "tools", "images", "videos", "audios", "chosen", "rejected", "kto_tag")
 
 def read_dataset_info(path, name: str, allow_outside: bool = False) -> dict:
     """Entry `name` of a LLaMA-Factory dataset_info.json as loader arguments: data, fmt, mapping, split, num_samples.

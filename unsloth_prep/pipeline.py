@@ -78,6 +78,11 @@ def detect_task(data, mapping=None) -> Step:
     if first is None: raise ValueError(f"{data}: no records to detect the task from")
     return detect_step(first, mapping) or get_step("sft")
 
+def _detect_from(data, opts: Options) -> tuple:
+    "`(data, mapping)` the task is detected from: the `--dataset-info` entry DATA names, or DATA itself."
+    data, resolved = resolve_data(data, opts)
+    return data, resolved.mapping
+
 def parse_request(given: dict, source: str = "cli", config=None) -> tuple:
     "`(data, options, step)` of a prepare run from what the user `given` (and a `config` YAML)."
     from_cfg = {k: v for k, v in (config_values(config) if config else {}).items() if given.get(k) is None}
@@ -85,7 +90,7 @@ def parse_request(given: dict, source: str = "cli", config=None) -> tuple:
     data, task = values.pop("data", None), values.pop("task", None) or "sft"
     opts = make_options(values, source)
     if opts.strict: opts = opts.replace(on_error="raise")
-    step = detect_task(data, opts.mapping) if task == "auto" else get_step(task)
+    step = detect_task(*_detect_from(data, opts)) if task == "auto" else get_step(task)
     step = step.specialise(opts)
     opts = for_step(opts, step, source, set(from_cfg))
     step.check(opts)
