@@ -438,7 +438,9 @@ def _mapping(text: str | None) -> dict | None:
     "The `--mapping` JSON object (canonical field -> column); ValueError naming the option when it is not one."
     if not text: return None
     try: m = json.loads(text)
-    except json.JSONDecodeError as e: raise ValueError(f"--mapping {text!r}: not valid JSON ({e.msg})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--mapping {text!r}: not valid JSON ({e.msg}); write it as "
+                         """--mapping '{"output": "answer"}'""") from None
     if not isinstance(m, dict): raise ValueError(f"--mapping {text!r}: must be a JSON object (field -> column)")
     return m
 

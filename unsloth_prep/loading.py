@@ -1045,7 +1045,9 @@ def parse_mapping(text, what: str = "--mapping") -> dict | None:
     "A `--mapping` JSON text (canonical field -> column name, optional `tags` object) as a checked dict; None if empty."
     if text is None or text == "": return None
     try: m = json.loads(text)
-    except ValueError as e: raise ValueError(f"{what}: not valid JSON ({e}): {str(text)[:80]!r}") from None
+    except ValueError as e:
+        raise ValueError(f"{what}: not valid JSON ({e}): {str(text)[:80]!r}; write it as "
+                         """--mapping '{"messages": "conversation"}'""") from None
     return check_mapping(m, what)
 
 def check_mapping(m, what: str = "mapping") -> dict | None:
