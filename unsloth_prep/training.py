@@ -817,10 +817,10 @@ def train_args(parser):
     parser.add_argument("config", help="YAML config: data, model, template, max_seq_length, packing, lora, trainer")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set trainer.max_steps=10 (value parsed as YAML)")
-    parser.add_argument("--output-dir", default=None, help="override output_dir")
+    parser.add_argument("--output-dir", default=None, help="override output_dir (default: the config's output_dir)")
     parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                         help="continue from the newest complete checkpoint in OUTPUT_DIR/checkpoints (or PATH); "
-                             "'latest' starts at step 0 when there is none yet")
+                             "'latest' starts at step 0 when there is none yet (default: start at step 0)")
     return parser
 
 # %% ../nbs/07_training.ipynb #4bb9243f
