@@ -565,13 +565,14 @@ def _maybe_json(x):
         except ValueError: return x
     return x
 
-# %% ../nbs/02_loading.ipynb #7090a638
+# %% ../nbs/02_loading.ipynb #3a315777
 def _tools(x, fmt: str) -> list:
     "A record's tool schemas (a list, one schema, or their JSON text) as `[{'type': 'function', 'function': schema}]`."
     x = _maybe_json(x)
     if isinstance(x, dict): x = [x]
     if not isinstance(x, list) or not all(isinstance(t, dict) for t in x):
-        raise ValueError(f"{fmt} record: 'tools' must be a list of tool schemas (or its JSON text), got {str(x)[:60]!r}")
+        raise ValueError(f"{fmt} record: 'tools' must be a list of tool schemas (or its JSON text), "
+                         f"got {str(x)[:60]!r}")
     return [{"type": "function", "function": t} if "name" in t and "function" not in t else t for t in x]
 
 def _tool_calls(x, where: str) -> list:
@@ -579,7 +580,8 @@ def _tool_calls(x, where: str) -> list:
     x = _maybe_json(x)
     if isinstance(x, dict): x = [x]
     if not isinstance(x, list) or not all(isinstance(tc, dict) for tc in x):
-        raise ValueError(f"{where} must be a list of calls ({{'function': {{'name', 'arguments'}}}}), got {str(x)[:60]!r}")
+        raise ValueError(f"{where} must be a list of calls ({{'function': {{'name', 'arguments'}}}}), "
+                         f"got {str(x)[:60]!r}")
     out = []
     for tc in x:
         f = tc.get("function", tc)
@@ -927,10 +929,10 @@ def shards_format(shards: list, fmt: str = "auto", mapping: dict | None = None) 
     try: return detect_format(_peek(shards), mapping)
     except ValueError as e: raise ValueError(f"{shards[0]['path']}: {e}") from None
 
-# %% ../nbs/02_loading.ipynb #4e7bb5ce
+# %% ../nbs/02_loading.ipynb #9c408a38
 def iter_conversations(data, fmt: str = "auto", mapping: dict | None = None, on_error: str = "raise",
                        rejects=None, place: bool = False) -> Iterator[dict]:
-    "Conversation records of local files/globs/folders (`place`: with their `PLACE`); bad ones raise or go to `rejects`."
+    "Conversation records of local files/globs/folders (`place`: with their `PLACE`); bad ones raise or are rejected."
     _check_on_error(on_error)
     shards = plan_shards(resolve_files(data))
     yield from _gen_conv(shards, shards_format(shards, fmt, mapping), mapping, on_error, as_rejects(rejects), False,

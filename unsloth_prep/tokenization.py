@@ -118,7 +118,7 @@ class ChatRenderer:
         return render_template(self.compiled, self.source, render_budget(messages, tools), messages=messages,
                                tools=tools, documents=None, add_generation_prompt=add_generation_prompt, **self.kwargs)
 
-# %% ../nbs/04_tokenization.ipynb #b9efca63
+# %% ../nbs/04_tokenization.ipynb #1c1bc302
 BATCH_SEP = "\x00\x1e\x00"
 BATCH_TEMPLATE = ("{% for messages, add_generation_prompt, tools in _unsloth_prep_batch %}"
                   "{% include _unsloth_prep_chat %}" + BATCH_SEP + "{% endfor %}")
@@ -129,8 +129,9 @@ def render_many(self: ChatRenderer, items: list, errors: bool = False) -> list:
     if len(items) > 1:
         budget = sum(render_budget(m, t) for m, _, t in items)
         try:
-            text = render_template(compile_template(BATCH_TEMPLATE), self.source, budget, _unsloth_prep_chat=self.compiled,
-                                   _unsloth_prep_batch=items, documents=None, **self.kwargs)
+            text = render_template(compile_template(BATCH_TEMPLATE), self.source, budget,
+                                   _unsloth_prep_chat=self.compiled, _unsloth_prep_batch=items, documents=None,
+                                   **self.kwargs)
             out = text.split(BATCH_SEP)[:-1]
             if len(out) == len(items): return out
         except ValueError: pass
@@ -343,7 +344,7 @@ def _shape_spans(self: ChatRenderer, text: str, msgs: list):
     if msgs[-1]["role"] == "assistant" and lo + len(sh.last.tail) != len(text): return None
     return out
 
-# %% ../nbs/04_tokenization.ipynb #af8cebd6
+# %% ../nbs/04_tokenization.ipynb #9cdcfd17
 def _anchors(m: dict) -> list:
     "What an assistant turn writes, to find it: `(words, required)` — reasoning (may be dropped), content, call names."
     c, r = m["content"].strip(), _reasoning(m).strip()
@@ -352,7 +353,7 @@ def _anchors(m: dict) -> list:
     return out + [([n], True) for n in _call_names(m)]
 
 def _anchor_span(text: str, m: dict, lo: int):
-    "(first anchor's start or None, last anchor's end) of an assistant turn from `lo`; None if a required one is missing."
+    "(first anchor's start or None, last anchor's end) of a turn from `lo`; None when a required one is missing."
     first, cur = None, lo
     for words, required in _anchors(m):
         hit = next(((k, k + len(w)) for w in words if w and (k := text.find(w, cur)) >= 0), None)
@@ -402,7 +403,7 @@ def _turn_span(self: ChatRenderer, text: str, m: dict, lo: int, P, Q, R) -> tupl
     else: e, how = self._structure_end(text, m, s), "structure"
     return s, e, how
 
-# %% ../nbs/04_tokenization.ipynb #3f4c1a6f
+# %% ../nbs/04_tokenization.ipynb #1799d7cb
 @patch
 def _locate(self: ChatRenderer, text: str, msgs: list, renders: dict) -> tuple:
     "`([(start, end, index)], how)` of every assistant turn; `renders`: index -> (P, Q, R) prefix renders."
@@ -423,7 +424,8 @@ def _locate(self: ChatRenderer, text: str, msgs: list, renders: dict) -> tuple:
 
 @patch
 def _prefix_renders(self: ChatRenderer, convs: list, texts: list) -> list:
-    "Per conversation, `index -> (P, Q, R)`: before each answer with the generation prompt, through it, and (where P is not a prefix) before it without."
+    """Per conversation, `index -> (P, Q, R)`: the prefix before each answer with the generation prompt (P), through
+    it (Q), and (where P is not a prefix of the text) before it without (R)."""
     asks = [(k, i) for k, (m, _) in enumerate(convs) for i, x in enumerate(m) if x["role"] == "assistant"]
     got = self.render_many([(convs[k][0][:i], True, convs[k][1]) for k, i in asks] +
                            [(convs[k][0][:i + 1], False, convs[k][1]) for k, i in asks], errors=True)
@@ -435,9 +437,10 @@ def _prefix_renders(self: ChatRenderer, convs: list, texts: list) -> list:
     for j, (k, i) in enumerate(asks): out[k][i] = (P[j], Q[j], R.get(j))
     return out
 
-# %% ../nbs/04_tokenization.ipynb #f57e8530
+# %% ../nbs/04_tokenization.ipynb #2a5e73f2
 VALIDATION = [
-    [{"role": "system", "content": "Sq1x"}, _u("Uq1x"), _a("  lead"), _u("Uq2x"), _a("\nnew line"), _u("数据"), _a("数据 😀")],
+    [{"role": "system", "content": "Sq1x"}, _u("Uq1x"), _a("  lead"), _u("Uq2x"), _a("\nnew line"), _u("数据"),
+     _a("数据 😀")],
     [_u("Uq1x"), _a("Aq1x")], [_u("chat"), _a("chat"), _u("chat"), _a(" chat")],
     [_u("Uq1x"), _a(""), _u("Uq2x"), _a("Aq2x \n")]]
 
@@ -455,10 +458,10 @@ def _fast_agrees(self: ChatRenderer) -> bool:
         found += fast is not None
     return found > 0
 
-# %% ../nbs/04_tokenization.ipynb #fa228d74
+# %% ../nbs/04_tokenization.ipynb #3727f0b2
 @patch
 def locate_many(self: ChatRenderer, convs: list, texts: list) -> list:
-    "Per `(messages, tools)` and its rendered text: `([(start, end, index)], how)` of its assistant turns, or the ValueError why not."
+    "Per `(messages, tools)` and its text: `([(start, end, index)], how)` of its assistant turns, or why not."
     out, slow, sh = [None] * len(convs), [], self.shape
     if sh.fast is None: sh.fast = sh.last is not None and self._fast_agrees()
     for k, ((msgs, _), text) in enumerate(zip(convs, texts)):
@@ -965,16 +968,18 @@ def _structure_problems(ids, labels, mask, special, bos, train_on, backend=None,
         found.append(("no_end_of_turn", "a trained run does not end with an end-of-turn marker"))
     return found
 
-# %% ../nbs/04_tokenization.ipynb #b4a07d91
+# %% ../nbs/04_tokenization.ipynb #bc9ec962
 def _expected(conv, ct: ChatTokenizer, where: str) -> tuple:
-    "`(ids, trained token spans)` of a conversation by the definition: prefix renders (structure where they disagree) and `tokenizers`' offsets."
+    """`(ids, trained token spans)` of a conversation by the definition: prefix renders (the structure where they
+    disagree) and `tokenizers`' offsets."""
     msgs, tools = as_messages(conv, where)
     rend = ct.tool_renderer if tools and ct.tool_renderer else ct.renderer
     cut = ct._pretruncate(msgs)
     text = rend.render(msgs, False, tools)
     spans, _ = rend._locate(text, msgs, rend._prefix_renders([(msgs, tools)], [text])[0])
     enc = ct._offsets_backend().encode(text, add_special_tokens=False)
-    tspans = [s for s in _offset_spans(enc.offsets, spans) if _is_trained(msgs[s[2]]) and s[2] not in cut and s[1] > s[0]]
+    tspans = [s for s in _offset_spans(enc.offsets, spans)
+              if _is_trained(msgs[s[2]]) and s[2] not in cut and s[1] > s[0]]
     last = max((i for i, m in enumerate(msgs) if m["role"] == "assistant"), default=-1)
     if ct.train_on == "last-assistant": tspans = [s for s in tspans if s[2] == last]
     return enc.ids, [(a, b) for a, b, _ in tspans]
@@ -1004,11 +1009,11 @@ def _label_problems(ids, labels, conv, ct: ChatTokenizer, where: str) -> list:
     return [("text_mismatch", f"token {k} ({ct.backend.decode([ids[k]])!r}) is {'' if got[k] else 'not '}trained; "
                               f"the turns train {[ct.backend.decode(ids[a:b])[:40] for a, b in iv[:3]]}")]
 
-# %% ../nbs/04_tokenization.ipynb #e71e9399
+# %% ../nbs/04_tokenization.ipynb #06244823
 def verify_labels(rows: Iterable[dict], tokenizer, conversations: Iterable | None = None,
                   train_on: str = "all-assistant", retokenize: bool = False, max_examples: int = 20,
                   max_seq_length: int | None = None) -> VerifyReport:
-    "Check every row's structure and, given the conversations (`retokenize` is implied), the row against the definition."
+    "Check every row's structure and, given the conversations (`retokenize` implied), the row against the definition."
     backend = tokenizer._tokenizer
     special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     ct = ChatTokenizer(tokenizer, train_on, max_seq_length) if default_template(tokenizer) else None
@@ -1238,7 +1243,7 @@ def report_lost(counts: TokenizeCounts, data=None) -> str | None:
     print(line, file=sys.stderr)
     return line
 
-# %% ../nbs/04_tokenization.ipynb #ad498374
+# %% ../nbs/04_tokenization.ipynb #bd530d9c
 def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_length: int | None = None,
             on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = 256, fmt: str = "auto",
             on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None,
@@ -1269,7 +1274,8 @@ def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: 
     "One streaming pass: tokenize + mask every conversation (no truncation) and accumulate length statistics."
     from unsloth_prep.loading import Rejects
     rejects = Rejects()
-    ct, st, counts = ChatTokenizer(tokenizer, train_on, on_error=on_error, rejects=rejects), LengthStats(), TokenizeCounts()
+    ct = ChatTokenizer(tokenizer, train_on, on_error=on_error, rejects=rejects)
+    st, counts = LengthStats(), TokenizeCounts()
     cols = tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts)
     for c in _with_progress(cols, counts, progress, "stats", data):
         st.update(c, tokenizer.bos_token_id)
