@@ -1,6 +1,6 @@
 """A reasoning dataset and a tool-calling dataset, prepared with Unsloth's `qwen3-thinking` and `gpt-oss` templates by
 `unsloth-prep prepare` (fresh processes), checked row by row by the verifier, then trained a few steps on CPU with the
-tiny model (one fresh process for the four runs, so Unsloth is imported once)."""
+tiny model: one run per template on both datasets, in one fresh process (Unsloth imported once)."""
 import json, subprocess, sys
 
 import pytest
@@ -62,17 +62,17 @@ def data(tmp_path_factory):
     return d
 
 
-def _config(d, data, template):
-    return {"data": {"path": str(data)}, "model": {"name": str(tiny_model()), "cpu_threads": 1}, "template": template,
-            "max_seq_length": 512, "packing": False, "lora": {"r": 4, "alpha": 8},
+def _config(d, outs, template):
+    return {"data": {"path": [str(o) for o in outs]}, "model": {"name": str(tiny_model()), "cpu_threads": 1},
+            "template": template, "max_seq_length": 512, "packing": False, "lora": {"r": 4, "alpha": 8},
             "trainer": {"max_steps": 2, "learning_rate": 5e-3, "per_device_train_batch_size": 2, "warmup_steps": 0},
-            "output_dir": str(d / f"run-{data.stem}")}
+            "output_dir": str(d / f"run-{template}")}
 
 
 def test_prepare_and_train(data):
     configs = []
     for template in TEMPLATES:
-        tok = load_tokenizer(tiny_model(), template)
+        tok, outs = load_tokenizer(tiny_model(), template), []
         for name in ("reasoning", "tools"):
             out = data / f"{name}-{template}.parquet"
             s = last_json(run("unsloth-prep", "prepare", data / f"{name}.jsonl", "--tokenizer", tiny_model(),
@@ -84,9 +84,10 @@ def test_prepare_and_train(data):
             trained = [tok.decode([i for i, l in zip(r["input_ids"], r["labels"]) if l != -100]) for r in rows]
             if name == "reasoning": assert all("Add" in t or "Twice" in t or "<think>" in t for t in trained)
             else: assert all("get_weather" in t and "sunny" in t for t in trained)   # the call and the answer train
-            cfg = data / f"{name}-{template}.yaml"
-            cfg.write_text(yaml.safe_dump(_config(data, out, template)))
-            configs.append(cfg)
+            outs.append(out)
+        cfg = data / f"{template}.yaml"
+        cfg.write_text(yaml.safe_dump(_config(data, outs, template)))
+        configs.append(cfg)
     p = subprocess.run([sys.executable, "-c", TRAIN, *map(str, configs)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     res = json.loads(p.stdout.rsplit("__RESULT__", 1)[1])
