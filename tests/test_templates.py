@@ -141,3 +141,49 @@ def test_one_bos_per_row(folders):
         assert tok._tokenizer.encode("x", add_special_tokens=True).ids[0] == bos     # the post-processor adds one
         cols = ChatTokenizer(tok)([normalize_record(r, "openai") for c, r in CONVERSATIONS.items() if "tool" not in c])
         assert cols["input_ids"] and all(ids.count(bos) == 1 and ids[0] == bos for ids in cols["input_ids"])
+
+
+def test_skip_rejects_what_the_template_refuses(tmp_path, folders):
+    """`--on-error skip`: a record the template refuses is a counted reject with its file, line and the template's
+    message; `raise` stops naming file and line."""
+    from clitools import last_json, read_rows, run
+    recs = [CONVERSATIONS["single"], CONVERSATIONS["tool_single"], CONVERSATIONS["multi"], CONVERSATIONS["tool_parallel"]]
+    data = tmp_path / "mixed.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    tok = str(BASES["qwen3"])
+    s = last_json(run("unsloth-prep", "prepare", data, "--tokenizer", tok, "--template", "mistral", "--out",
+                      tmp_path / "out", "--on-error", "skip"))
+    assert (s["rows"], s["rejected"]) == (2, 2), s
+    lines = [json.loads(l) for l in Path(s["rejects"]).read_text().splitlines()]
+    assert [(Path(x["file"]).name, x["line"]) for x in lines] == [("mixed.jsonl", 2), ("mixed.jsonl", 4)]
+    assert all("Only user and assistant roles are supported!" in x["error"] for x in lines)
+    assert len(read_rows(tmp_path / "out")) == 2
+    p = run("unsloth-prep", "prepare", data, "--tokenizer", tok, "--template", "mistral", "--out", tmp_path / "o2",
+            check=False)
+    assert p.returncode == 2 and f"{data}: line 2: " in p.stderr and "Only user and assistant roles" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_named_templates_read_as_transformers_reads_them(tmp_path):
+    """A config whose `chat_template` is a list of named templates renders records with tools through `tool_use`; a
+    dict without a `default` is refused with the names, no traceback."""
+    import shutil
+    from clitools import last_json, run
+    src, folder = tiny_model(), tmp_path / "named"
+    shutil.copytree(src, folder)
+    (folder / "chat_template.jinja").unlink()
+    chatml = (src / "chat_template.jinja").read_text()
+    tool_use = "{{ 'TOOLS ' + tools | map(attribute='function.name') | join(',') + '\n' }}" + chatml
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "default", "template": chatml}, {"name": "tool_use", "template": tool_use}]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = load_tokenizer(folder)
+    ct = ChatTokenizer(tok)
+    plain, tools = ct.render_batch([CONVERSATIONS["single"], CONVERSATIONS["tool_single"]], TokenizeCounts())
+    assert not plain.text.startswith("TOOLS") and tools.text.startswith("TOOLS get_weather\n")
+    cfg["chat_template"] = {"rag": chatml, "tool_use": tool_use}
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(CONVERSATIONS["single"]) + "\n")
+    p = run("unsloth-prep", "prepare", data, "--tokenizer", folder, "--out", tmp_path / "o", check=False)
+    assert p.returncode == 2 and "rag, tool_use" in p.stderr and "Traceback" not in p.stderr, p.stderr[-2000:]

@@ -324,12 +324,15 @@ def apply_chat_template(self: LeanTokenizer, conversation, tools=None, add_gener
                            add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs})
     return self.encode(text, add_special_tokens=False) if tokenize else text
 
-# %% ../nbs/03a_tokenizer.ipynb #2975ec70
+# %% ../nbs/03a_tokenizer.ipynb #7d9824e5
 TEMPLATE_MARKERS = (("<|start_header_id|>", "llama-3.1"), ("<|im_sep|>", "phi-4"), ("<|im_start|>", "chatml"),
                     ("<start_of_turn>", "gemma-3"), ("[INST]", "mistral"), ("<|assistant|>", "phi-3"))
 
 def no_template_message(tokenizer) -> str:
     "Why a tokenizer cannot render chats, naming the template whose markers are among its special tokens."
+    if len(getattr(tokenizer, "chat_templates", None) or {}) > 1:
+        try: default_template(tokenizer)
+        except ValueError as e: return str(e)   # several named templates, none the default
     added = {t.content for t in tokenizer._tokenizer.get_added_tokens_decoder().values()}
     name = next((n for marker, n in TEMPLATE_MARKERS if marker in added), None)
     where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
