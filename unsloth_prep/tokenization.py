@@ -45,9 +45,10 @@ def _flatten_content(content, where: str) -> str:
              if isinstance(p, str) or (isinstance(p, dict) and p.get("type", "text") == "text")]
     return "".join(texts)
 
-# %% ../nbs/04_tokenization.ipynb #dfff712a
+# %% ../nbs/04_tokenization.ipynb #fde256c4
 def _template_message(m: dict, where: str) -> dict:
     "A message as templates read it: content one string, reasoning under both names, no empty `tool_calls`."
+    if len(m) == 2 and type(m.get("content")) is str: return m   # role and text only (the common case): as it is
     out = {**m, "content": _flatten_content(m.get("content"), where)}
     reasoning = next((m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)), None)
     for k in REASONING_KEYS:
@@ -691,30 +692,28 @@ def _offset_spans(offsets, spans) -> list:
         out.append((int(hit[0]), int(hit[-1]) + 1, i) if len(hit) else (0, 0, i))
     return out
 
-# %% ../nbs/04_tokenization.ipynb #cc9e6d7f
+# %% ../nbs/04_tokenization.ipynb #b0808f9a
 @patch
 def _byte_rows(self: ChatTokenizer, preps: list, ids, off) -> list:
     "Per row `(ids, token spans, False)` from the token byte lengths, or None where its bytes do not add up."
-    lens = self.byte_lengths[ids] if len(ids) else np.zeros(0, np.int64)
-    ends = np.cumsum(lens)
-    starts, rows, want = ends - lens, [], []
-    for r, p in enumerate(preps):
-        a, b = int(off[r]), int(off[r + 1])
-        base = int(ends[a - 1]) if a else 0
-        pos = _byte_positions(p.text, [x for s, e, _ in p.spans for x in (s, e)])
-        ok = (int(ends[b - 1]) if b > a else base) - base == pos[-1]
-        rows.append((a, b, base, ok))
-        want += [(r, base + x) for x in pos[:-1]] if ok else []
-    g = np.array([x for _, x in want], np.int64)
-    firsts, lasts = np.searchsorted(ends, g[0::2], "right"), np.searchsorted(starts, g[1::2], "left")
+    cum = np.zeros(len(ids) + 1, np.int64)        # byte offset in its row's text of every token boundary, batch-wide
+    np.cumsum(self.byte_lengths[ids], out=cum[1:])
+    off = np.asarray(off, np.int64)
+    pos = [_byte_positions(p.text, [x for s, e, _ in p.spans for x in (s, e)]) for p in preps]
+    ok = [int(cum[off[r + 1]] - cum[off[r]]) == q[-1] for r, q in enumerate(pos)]
+    rows = np.repeat(np.arange(len(preps)), [len(q) // 2 if k else 0 for q, k in zip(pos, ok)])
+    flat = np.array([x for q, k in zip(pos, ok) if k for x in q[:-1]], np.int64) + cum[off[rows].repeat(2)]
+    lo, hi = off[rows], off[rows + 1]
+    ta = (np.clip(np.searchsorted(cum, flat[0::2], "right") - 1, lo, hi) - lo).tolist()
+    tb = (np.clip(np.searchsorted(cum, flat[1::2], "left"), lo, hi) - lo).tolist()
     out, j = [], 0
-    for r, (p, (a, b, base, ok)) in enumerate(zip(preps, rows)):
-        if not ok:
+    for r, p in enumerate(preps):
+        if not ok[r]:
             out.append(None)
             continue
         n = len(p.spans)
-        ta, tb = (np.clip(x[j:j + n] - a, 0, b - a).tolist() for x in (firsts, lasts))
-        out.append((ids[a:b], [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta, tb, p.spans)], False))
+        spans = [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta[j:j + n], tb[j:j + n], p.spans)]
+        out.append((ids[off[r]:off[r + 1]], spans, False))
         j += n
     return out
 

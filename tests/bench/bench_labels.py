@@ -57,7 +57,8 @@ def run_in(pkg: Path, kind: str, **kw) -> dict:
     """One measurement in a fresh process importing the package found in `pkg`."""
     env = {**os.environ, "PYTHONPATH": str(pkg), "TOKENIZERS_PARALLELISM": "false"}
     head = "".join(f"{k} = {v!r}\n" for k, v in {"KIND": kind, **kw}.items())
-    p = subprocess.run([sys.executable, "-c", head + CODE], capture_output=True, text=True, env=env, timeout=3600)
+    p = subprocess.run([sys.executable, "-c", head + CODE], capture_output=True, text=True, env=env, cwd=pkg,
+                       timeout=3600)
     if p.returncode: raise RuntimeError(p.stderr[-3000:])
     return json.loads(p.stdout.rsplit("__RESULT__", 1)[1])
 

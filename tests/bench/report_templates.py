@@ -74,7 +74,7 @@ def rows_of(pkg: Path, todo: list) -> dict:
     """The rows (or errors) each job gives with the package in `pkg`, in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(pkg), "TOKENIZERS_PARALLELISM": "false"}
     code = f"TESTS = {str(ROOT / 'tests')!r}\nJOBS = {todo!r}\n" + ROWS
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=7200)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=pkg, timeout=7200)
     if p.returncode: raise RuntimeError(p.stderr[-3000:])
     return json.loads(p.stdout.rsplit("__RESULT__", 1)[1])
 
@@ -111,14 +111,13 @@ def oracle_for(key: str, folder: str, official):
 
 
 def summary(results: dict, errors: dict) -> str:
-    """One cell of the table: the worst class over the conversations, with the conversations behind it."""
+    """One cell of the table: every class met over the conversations (worst first), with the conversations behind it."""
     if "up_front" in results: return f"refused up front: {results['up_front'][-90:]}"
     by = Counter(results.values())
-    worst = next((k for k in ("wrong", "stops", "differs") if by[k]), "exact")
     names = lambda k: ", ".join(n for n, v in results.items() if v == k)
-    cell = worst if worst == "exact" else f"{worst} ({names(worst)})"
-    if by["refused"]: cell += f"; refused {by['refused']} ({next(iter(errors.values()), '')[-60:]})"
-    return cell
+    cells = [f"{k} ({names(k)})" for k in ("wrong", "stops", "differs") if by[k]] or ["exact"]
+    if by["refused"]: cells.append(f"refused {by['refused']} ({next(iter(errors.values()), '')[-60:]})")
+    return "; ".join(cells)
 
 
 def main(argv=None):
