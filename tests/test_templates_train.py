@@ -74,7 +74,7 @@ def test_prepare_and_train(data):
     for template in TEMPLATES:
         tok, outs = load_tokenizer(tiny_model(), template), []
         for name in ("reasoning", "tools"):
-            out = data / f"{name}-{template}.parquet"
+            out = data / f"{name}-{template}"                 # an output folder (the Hub's layout)
             s = last_json(run("unsloth-prep", "prepare", data / f"{name}.jsonl", "--tokenizer", tiny_model(),
                               "--template", template, "--out", out, "--max-seq-length", 512))
             assert s["rows"] == s["records"] == 12 and s["rejected"] == 0, s
