@@ -133,7 +133,8 @@ def test_tokenizer_problems(tmp_path, variant):
     assert doctor(data, tokenizer=variant("no_tpl", lambda t: setattr(t, "chat_template", None))).codes == ["no_chat_template"]
     other = CHATML_TEMPLATE.replace("<|im_start|>", "<|turn_start|>").replace("<|im_end|>", "<|turn_end|>")
     rep = doctor(data, tokenizer=variant("other_tpl", lambda t: setattr(t, "chat_template", other)))
-    assert {"template_token_missing", "no_end_of_turn", "eos_not_end_of_turn"} <= set(rep.codes)
+    assert {"template_token_missing", "eos_not_end_of_turn"} <= set(rep.codes)   # the split marker is trained in pieces
+    assert "no_end_of_turn" not in rep.codes and rep.info["template_family"] == "custom"
     assert rep.findings["template_token_missing"].examples == ["<|turn_end|>", "<|turn_start|>"]
     plain = ("{% for m in messages %}{% if m['role'] == 'user' %}### Instruction:\n{{ m['content'] }}\n\n### Response:\n"
              "{% elif m['role'] == 'assistant' %}{{ m['content'] }}\n\n{% endif %}{% endfor %}")

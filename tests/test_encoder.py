@@ -115,13 +115,13 @@ def test_rows_identical_both_engines(mode, L):
 
 
 def test_unproven_rows_take_the_reference_path(monkeypatch):
-    """A row whose segments encode differently from its whole text is encoded again by `tokenizers`, and counted."""
+    """A row whose token bytes do not add up to its text is encoded again by `tokenizers` (offsets), and counted."""
     import unsloth_prep.tokenization as TZ
     data = edge_data()
     tok = load_tokenizer(tiny_model())
     want, _ = columns(load_tokenizer(tiny_model(), encoder="tokenizers"), data)
-    real = TZ.segments
-    monkeypatch.setattr(TZ, "segments", lambda text, spans: ["~"] + real(text, spans))  # every row unprovable
+    real = TZ._byte_positions
+    monkeypatch.setattr(TZ, "_byte_positions", lambda text, chars: real(text, chars)[:-1] + [-1])  # every row unprovable
     got, c = columns(tok, data)
     assert got == want and c["reference_rows"] == len(data)
 
@@ -178,27 +178,27 @@ def test_template_bombs_are_bounded(tmp_path, kind):
     from unsloth_prep.tokenization import ChatTokenizer
     tok = load_tokenizer(folder_with(tmp_path, "{% if messages %}" + BOMBS[kind] + "{% endif %}"))
     t0 = time.perf_counter()
-    with pytest.raises(ValueError) as e: ChatTokenizer(tok)(edge_data()[:3])
+    with pytest.raises(ValueError) as e: ChatTokenizer(tok)        # refused up front, before any record
     assert time.perf_counter() - t0 < 15
     msg = str(e.value)
-    assert "chat_template.jinja" in msg and "row 0" in msg and "\n" not in msg
+    assert "chat_template.jinja" in msg and "cannot render a user message and its answer" in msg and "\n" not in msg
 
 
-ERRORS = {
-    "sandbox": ("{{ messages.__class__.__mro__ }}", "unsafe"),
+ERRORS = {  # a template that refuses every conversation is refused up front; one that refuses some, per record
+    "sandbox": ("{{ messages.__class__.__mro__ }}", "unsafe", "cannot render a user message and its answer"),
     "raise_exception": ("{% if messages[0].role == 'user' %}{{ raise_exception('roles must alternate') }}{% endif %}",
-                        "roles must alternate"),
+                        "roles must alternate", "row 0"),
 }
 
 
 @pytest.mark.parametrize("kind", list(ERRORS))
 def test_template_errors_name_file_and_row(tmp_path, kind):
     from unsloth_prep.tokenization import ChatTokenizer
-    src, words = ERRORS[kind]
+    src, words, where = ERRORS[kind]
     tok = load_tokenizer(folder_with(tmp_path, src), encoder="tokenizers")
     with pytest.raises(ValueError) as e: ChatTokenizer(tok)(edge_data()[:3])
     msg = str(e.value)
-    assert "chat_template.jinja" in msg and "row 0" in msg and words in msg
+    assert "chat_template.jinja" in msg and where in msg and words in msg
 
 
 def test_template_syntax_error_names_file(tmp_path):

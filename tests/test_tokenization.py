@@ -102,7 +102,7 @@ def test_prepare_cli_errors(model, data, tmp_path):
     assert p.returncode == 2 and str(path) in p.stderr + p.stdout and "line" in p.stderr + p.stdout
     p = run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, "--max-seq-length", 64,
             "--on-overflow", "raise", "--on-error", "skip", check=False)
-    assert p.returncode == 2 and "row" in p.stderr + p.stdout and "max_seq_length=64" in p.stderr + p.stdout
+    assert p.returncode == 2 and f"{path}: line " in p.stderr + p.stdout and "max_seq_length=64" in p.stderr + p.stdout
     assert not out.exists() and not list(tmp_path.glob(".x*")), "no half-written output"
     p = run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, "--template", "no-such-template",
             "--on-error", "skip", check=False)

@@ -50,7 +50,7 @@ for enc, name in [(e, n) for e in ENCODERS for n in TEMPLATES]:
         c2 = TokenizeCounts()
         tr = [(x, tokenize_conversation(x, tok, train_on=mode, max_seq_length=256, counts=c2)) for x in data]
         tr = [(x, r) for x, r in tr if r is not None]
-        rep2 = verify_labels([r for _, r in tr], tok, [x for x, _ in tr], train_on=mode)
+        rep2 = verify_labels([r for _, r in tr], tok, [x for x, _ in tr], train_on=mode, max_seq_length=256)
         res[mode].update(trunc_ok=rep2.ok, truncated=c2.truncated, trunc_max=max(len(r["input_ids"]) for _, r in tr))
     out[f"{enc}:{name}"] = res
 print("__RESULT__" + json.dumps(out))

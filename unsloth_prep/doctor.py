@@ -75,7 +75,7 @@ def as_dict(self: Report) -> dict:
     return {"errors": self.errors, "warnings": self.warnings, "codes": self.codes, "checked": self.checked,
             "findings": [f.as_dict() for f in order], **self.info}
 
-# %% ../nbs/08_doctor.ipynb #387fffdb
+# %% ../nbs/08_doctor.ipynb #d03500d4
 @patch
 def text(self: Report) -> str:
     "Human-readable report, errors first."
@@ -88,6 +88,9 @@ def text(self: Report) -> str:
         lines.append(f"{f.severity.upper():7} {f.code}: {f.count:,}{ex}: {f.message}")
         if f.detail: lines.append(f"        detail: {f.detail}")
         lines.append(f"        fix: {f.fix}")
+    if "template_family" in self.info:
+        how = ", ".join(f"{k} {v:,}" for k, v in self.info["turns_located"].items()) or "none"
+        lines.insert(1, f"template family {self.info['template_family']}; assistant turns located by: {how}")
     if not self.findings: lines.append("no problems found")
     return "\n".join(lines)
 
@@ -234,13 +237,13 @@ def _verify(rows, wheres, tok, report: Report, convs=None, train_on: str = "all-
     for ex in vr.examples:
         report.add(VERIFY_CODES.get(ex["problem"], "labels_not_aligned"), wheres[ex["row"]], n=0, detail=ex["detail"])
 
-# %% ../nbs/08_doctor.ipynb #9fbf0005
+# %% ../nbs/08_doctor.ipynb #2e21cf9a
 class TokenChecks:
     "Token-level checks of conversations, batched: tokenize with the package's masking, verify labels, measure lengths."
     def __init__(self, tok, report: Report, max_seq_length=None, train_on="all-assistant", batch_size=256):
-        from unsloth_prep.tokenization import LengthStats
+        from unsloth_prep.tokenization import LengthStats, TokenizeCounts
         self.tok, self.report, self.L, self.train_on, self.bs = tok, report, max_seq_length, train_on, batch_size
-        self.stats, self.pending = LengthStats(), []
+        self.stats, self.pending, self.counts = LengthStats(), [], TokenizeCounts()
 
     def add(self, where, conv):
         "Queue one conversation record."
@@ -252,7 +255,7 @@ class TokenChecks:
         from unsloth_prep.tokenization import tokenize_conversation
         rows, convs, wheres, L, rep = [], [], [], self.L, self.report
         for where, conv in self.pending:
-            try: row = tokenize_conversation(conv, self.tok, train_on=self.train_on)
+            try: row = tokenize_conversation(conv, self.tok, train_on=self.train_on, counts=self.counts)
             except ValueError as e:
                 rep.add("template_error", where, detail=str(e))
                 continue
@@ -271,11 +274,14 @@ class TokenChecks:
         self.pending = []
         _verify(rows, wheres, self.tok, rep, convs, self.train_on)
 
-# %% ../nbs/08_doctor.ipynb #39df746d
+# %% ../nbs/08_doctor.ipynb #b0a2bba0
 @patch
 def finish(self: TokenChecks):
-    "Flush, then add length statistics and a concrete `max_seq_length` to the length findings."
+    "Flush, then add how turns were located, length statistics and a concrete `max_seq_length` to the findings."
+    from unsloth_prep.tokenizer import default_template, template_family
     self.flush()
+    self.report.info.update(template_family=template_family(default_template(self.tok)),
+                            turns_located=dict(self.counts.located))
     if not len(self.stats.total): return
     s = self.stats.summary(95, 64)
     self.report.info["lengths"] = {k: s[k] for k in ("p50", "p95", "p99", "max", "suggested_max_seq_length")}

@@ -13,14 +13,14 @@ import numpy as np, orjson
 from .base import atomic_path, check_paths
 
 # %% auto #0
-__all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', 'SHAREGPT_TAGS', 'check_file',
-           'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line',
-           'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet', 'iter_parquet',
-           'iter_text', 'iter_arrow', 'file_kind', 'resolve_files', 'plan_shards', 'iter_file', 'shards_note',
-           'file_identity', 'is_hub_name', 'hub_stream', 'load_stream', 'normalize_record', 'detect_format',
-           'parse_mapping', 'check_mapping', 'shards_format', 'iter_conversations', 'load_conversations',
-           'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text', 'stream_hash', 'inspect_args',
-           'inspect_main']
+__all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'PLACE', 'MEDIA', 'SHAREGPT_TAGS',
+           'check_file', 'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line',
+           'read_line', 'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet',
+           'iter_parquet', 'iter_text', 'iter_arrow', 'file_kind', 'resolve_files', 'plan_shards', 'iter_file',
+           'shards_note', 'file_identity', 'is_hub_name', 'hub_stream', 'load_stream', 'normalize_record',
+           'detect_format', 'parse_mapping', 'check_mapping', 'shards_format', 'iter_conversations',
+           'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text',
+           'stream_hash', 'inspect_args', 'inspect_main']
 
 # %% ../nbs/02_loading.ipynb #6822a84d
 from .base import is_url, url_fs
@@ -682,8 +682,9 @@ def load_stream(data, split: str = "train", on_error: str = "raise", rejects=Non
         _gen_raw, gen_kwargs={"shards": shards, "on_error": on_error, "rejects": as_rejects(rejects)},
         split=datasets.NamedSplit(split))
 
-# %% ../nbs/02_loading.ipynb #71f82e55
+# %% ../nbs/02_loading.ipynb #280ca53c
 FORMATS = ("alpaca", "sharegpt", "openai", "preference", "text")
+PLACE = "_place"    # where a record came from: (file, line/element/row number, unit)
 MEDIA = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
 SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
                  "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
@@ -725,10 +726,59 @@ def _with_weight(msg: dict, src: dict, what: str) -> dict:
     if w not in (0, 1): raise ValueError(f"{what}.loss_weight must be 0 or 1, got {w!r}")
     return {**msg, "loss_weight": int(w)}
 
-# %% ../nbs/02_loading.ipynb #8b19cdeb
+# %% ../nbs/02_loading.ipynb #d4070930
 def _json_text(x) -> str:
-    "A tools/function-call value as JSON text (strings kept as they are)."
+    "A value as JSON text (strings kept as they are)."
     return x if isinstance(x, str) else json.dumps(x, ensure_ascii=False)
+
+def _maybe_json(x):
+    "Parse a JSON string if it is one (tool-call arguments), else return as is."
+    if isinstance(x, str):
+        try: return json.loads(x)
+        except ValueError: return x
+    return x
+
+# %% ../nbs/02_loading.ipynb #3a315777
+def _tools(x, fmt: str) -> list:
+    "A record's tool schemas (a list, one schema, or their JSON text) as `[{'type': 'function', 'function': schema}]`."
+    x = _maybe_json(x)
+    if isinstance(x, dict): x = [x]
+    if not isinstance(x, list) or not all(isinstance(t, dict) for t in x):
+        raise ValueError(f"{fmt} record: 'tools' must be a list of tool schemas (or its JSON text), "
+                         f"got {str(x)[:60]!r}")
+    return [{"type": "function", "function": t} if "name" in t and "function" not in t else t for t in x]
+
+def _tool_calls(x, where: str) -> list:
+    "Tool calls (a list, one call, or their JSON text) as `[{type, id?, function: {name, arguments}}]`."
+    x = _maybe_json(x)
+    if isinstance(x, dict): x = [x]
+    if not isinstance(x, list) or not all(isinstance(tc, dict) for tc in x):
+        raise ValueError(f"{where} must be a list of calls ({{'function': {{'name', 'arguments'}}}}), "
+                         f"got {str(x)[:60]!r}")
+    out = []
+    for tc in x:
+        f = tc.get("function", tc)
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise ValueError(f"{where}: every call needs a function name, got {str(tc)[:60]!r}")
+        args = _maybe_json(f.get("arguments", {}))
+        call = {"type": "function", "function": {"name": f["name"], "arguments": args if isinstance(args, dict) else
+                                                 f.get("arguments")}}
+        out.append({**call, "id": tc["id"]} if isinstance(tc.get("id"), str) else call)
+    return out
+
+# %% ../nbs/02_loading.ipynb #28a2e4e2
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+def _message(role: str, content: str, src: dict, what: str) -> dict:
+    "A normalised message: role, content, and the loss weight, reasoning, tool calls, tool name and id of `src`."
+    msg = {"role": role, "content": content}
+    r = next((src[k] for k in REASONING_FIELDS if src.get(k)), None)
+    if r is not None and role == "assistant": msg["reasoning_content"] = _text(r, f"{what}.reasoning_content")
+    calls = src.get("tool_calls") or ([src["function_call"]] if isinstance(src.get("function_call"), dict) else None)
+    if calls and role == "assistant": msg["tool_calls"] = _tool_calls(calls, f"{what}.tool_calls")
+    for k in ("name", "tool_call_id") if role == "tool" else ():
+        if isinstance(src.get(k), str) and src[k]: msg[k] = src[k]
+    return _with_weight(msg, src, what)
 
 # %% ../nbs/02_loading.ipynb #a1b41989
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
@@ -787,7 +837,7 @@ def _alpaca(rec, mapping, fmt="alpaca"):
     msgs.append({"role": "user", "content": prompt + ("\n" + query if query else "")})
     return msgs
 
-# %% ../nbs/02_loading.ipynb #bade2779
+# %% ../nbs/02_loading.ipynb #8df51867
 def _sharegpt_turns(turns, tags: dict, fmt: str, what: str = "conversations") -> list:
     "ShareGPT turns ({from, value} or custom tags) -> messages with standard roles."
     if isinstance(turns, dict): turns = [turns]
@@ -813,10 +863,16 @@ def _sharegpt_turns(turns, tags: dict, fmt: str, what: str = "conversations") ->
             raise ValueError(f"{fmt} record: {what}[{i}] has unknown role {raw_role!r} (known: "
                              f"{', '.join(sorted(set(custom) | set(_ROLE_ALIASES)))})")
         content = t[content_key]
-        is_call = raw_role in ("function_call", tags.get("function_tag")) and not isinstance(content, str)
-        content = _json_text(content) if is_call else _text(content, f"{what}[{i}].{content_key}")
-        msgs.append(_with_weight({"role": role, "content": content}, t, f"{what}[{i}]"))
+        calls = _call_value(content) if raw_role in ("function_call", tags.get("function_tag")) else None
+        if calls: msgs.append(_message("assistant", "", {**t, "tool_calls": calls}, f"{what}[{i}]"))
+        else: msgs.append(_message(role, _text(content, f"{what}[{i}].{content_key}"), t, f"{what}[{i}]"))
     return msgs
+
+def _call_value(v):
+    "The call(s) a ShareGPT `function_call` turn holds (`{name, arguments}`, a list of them, or their JSON), or None."
+    v = _maybe_json(v)
+    v = [v] if isinstance(v, dict) else v
+    return v if isinstance(v, list) and v and all(isinstance(c, dict) and "name" in c for c in v) else None
 
 # %% ../nbs/02_loading.ipynb #12082c73
 _PART_KINDS = (("images", ("image", "image_url", "input_image")), ("videos", ("video", "video_url")),
@@ -837,7 +893,7 @@ def _part_text(part, media: dict, i: int, fmt: str) -> str:
             return MEDIA[key]
     raise ValueError(f"{fmt} record: messages[{i}] has an unknown content part type {typ!r}")
 
-# %% ../nbs/02_loading.ipynb #0aaf37db
+# %% ../nbs/02_loading.ipynb #7deb221b
 def _openai_msgs(msgs, fmt: str, media: dict) -> list:
     "OpenAI messages (string or typed-part content, tool_calls) -> messages."
     if not isinstance(msgs, list):
@@ -853,31 +909,8 @@ def _openai_msgs(msgs, fmt: str, media: dict) -> list:
         c = m.get("content")
         if isinstance(c, list): content = "".join(_part_text(p, media, i, fmt) for p in c)
         else: content = _text(c, f"messages[{i}].content")
-        if m.get("tool_calls"):
-            calls = _tool_calls(m["tool_calls"], f"{fmt} record: messages[{i}].tool_calls")
-            content = (content + "\n" if content else "") + json.dumps(calls[0] if len(calls) == 1 else calls,
-                                                                       ensure_ascii=False)
-        out.append(_with_weight({"role": role, "content": content}, m, f"messages[{i}]"))
+        out.append(_message(role, content, m, f"{fmt} record: messages[{i}]"))
     return out
-
-def _tool_calls(x, where: str) -> list:
-    "OpenAI `tool_calls` (a list of calls, or its JSON text) as `[{name, arguments}]`; anything else a ValueError."
-    x = _maybe_json(x)
-    if isinstance(x, dict): x = [x]
-    if not isinstance(x, list) or not all(isinstance(tc, dict) for tc in x):
-        raise ValueError(f"{where} must be a list of calls ({{'function': {{'name', 'arguments'}}}}), "
-                         f"got {str(x)[:60]!r}")
-    calls = [tc.get("function", tc) for tc in x]
-    if not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in calls):
-        raise ValueError(f"{where}: every call needs a function name, got {str(x)[:60]!r}")
-    return [{"name": c["name"], "arguments": _maybe_json(c.get("arguments"))} for c in calls]
-
-def _maybe_json(x):
-    "Parse a JSON string if it is one (tool-call arguments), else return as is."
-    if isinstance(x, str):
-        try: return json.loads(x)
-        except ValueError: return x
-    return x
 
 # %% ../nbs/02_loading.ipynb #66e876f1
 _HH = re.compile(r"\n\n(Human|Assistant): ")
@@ -924,7 +957,7 @@ def _preference(rec, mapping, tags, media, fmt="preference"):
             raise ValueError(f"{fmt} record: '{name}' must start with an assistant message, got {msgs[:1]!r}")
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
-# %% ../nbs/02_loading.ipynb #6d99e72e
+# %% ../nbs/02_loading.ipynb #65781361
 def normalize_record(rec: dict, fmt: str, mapping: dict | None = None, where: str = "") -> dict:
     """Convert one record of format `fmt` to the conversation form (`messages`, preference or `text`).
 
@@ -960,7 +993,7 @@ def normalize_record(rec: dict, fmt: str, mapping: dict | None = None, where: st
             raise ValueError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)} or 'auto'")
         if not out["messages"]: raise ValueError(f"{fmt} record has no messages")
         tools = _get(rec, "tools", mapping, fmt)
-        if tools: out["tools"] = _json_text(tools)
+        if tools: out["tools"] = _tools(tools, fmt)
         out.update(media)
         return _attach_media(out, rec, mapping, fmt)
     except (TypeError, AttributeError) as e:                  # a value of a type no rule above expected
@@ -1021,14 +1054,15 @@ def _normalize_or_reject(rec, n, source, unit, fmt, mapping, on_error, rej):
         if on_error == "raise": raise ValueError(f"{source}: {unit} {n}: {e}") from None
         rej.add(source, n, e, json.dumps(rec, ensure_ascii=False, default=str)[:500], unit)
 
-# %% ../nbs/02_loading.ipynb #eeeab3ae
-def _gen_conv(shards, fmt, mapping, on_error, rejects, warn):
-    "Generator behind `load_conversations` for local files."
+# %% ../nbs/02_loading.ipynb #3c2b6356
+def _gen_conv(shards, fmt, mapping, on_error, rejects, warn, place: bool = False):
+    "Generator behind `load_conversations` for local files (`place`: each record carries `PLACE`)."
     rej = rejects if rejects is not None else Rejects()
     for spec in shards:
         unit = UNIT[spec["kind"]]
         for n, rec in iter_file(spec, on_error, rej):
             out = _normalize_or_reject(rec, n, spec["path"], unit, fmt, mapping, on_error, rej)
+            if out is not None and place: out[PLACE] = (spec["path"], n, unit)
             if out is not None: yield out
     if warn and rej.count: warnings.warn(f"skipped {rej.count} malformed or invalid records (first: {rej.items[:3]})")
 
@@ -1071,13 +1105,14 @@ def shards_format(shards: list, fmt: str = "auto", mapping: dict | None = None) 
     try: return detect_format(_peek(shards), mapping)
     except ValueError as e: raise ValueError(f"{shards[0]['path']}: {e}") from None
 
-# %% ../nbs/02_loading.ipynb #199ccbbc
+# %% ../nbs/02_loading.ipynb #9c408a38
 def iter_conversations(data, fmt: str = "auto", mapping: dict | None = None, on_error: str = "raise",
-                       rejects=None) -> Iterator[dict]:
-    "Conversation records of local files/globs/folders; bad records raise with their place or go to `rejects`."
+                       rejects=None, place: bool = False) -> Iterator[dict]:
+    "Conversation records of local files/globs/folders (`place`: with their `PLACE`); bad ones raise or are rejected."
     _check_on_error(on_error)
     shards = plan_shards(resolve_files(data))
-    yield from _gen_conv(shards, shards_format(shards, fmt, mapping), mapping, on_error, as_rejects(rejects), False)
+    yield from _gen_conv(shards, shards_format(shards, fmt, mapping), mapping, on_error, as_rejects(rejects), False,
+                         place)
 
 # %% ../nbs/02_loading.ipynb #9598be3a
 def load_conversations(path_or_name, fmt: str = "auto", mapping: dict | None = None, split: str = "train",
