@@ -59,14 +59,15 @@ def as_messages(record, where: str = "record") -> tuple[list[dict], Any]:
         out.append({**m, "content": _flatten_content(m.get("content"), f"{where}: messages[{j}]")})
     return out, tools
 
-# %% ../nbs/04_tokenization.ipynb #07475980
+# %% ../nbs/04_tokenization.ipynb #c0634e37
 class ChatRenderer:
     "Renders conversations with a tokenizer's chat template (compiled once) and finds assistant content spans."
     def __init__(self, tokenizer):
         self.template = tokenizer.chat_template
         if not self.template: raise ValueError(no_template_message(tokenizer))
         self.kwargs, self.source = dict(tokenizer.special_tokens_map), template_source(tokenizer)
-        self.compiled = checked_template(self.template, self.source)
+        renderer = getattr(tokenizer, "renderer", "auto")
+        self.compiled = checked_template(self.template, self.source, renderer, self.kwargs)
 
     def render(self, messages, add_generation_prompt=False, tools=None) -> str:
         "The rendered text of `messages` (bounded in time and size; a failure names the template)."
@@ -108,7 +109,7 @@ def _content_spans(self: ChatRenderer, text, messages, tools, known: dict, which
         out.append((j, j + len(c.strip()), i))
     return out
 
-# %% ../nbs/04_tokenization.ipynb #cac2d210
+# %% ../nbs/04_tokenization.ipynb #f7ccb7a0
 BATCH_SEP = "\x00\x1e\x00"
 BATCH_TEMPLATE = ("{% for messages, add_generation_prompt, tools in _unsloth_prep_batch %}"
                   "{% include _unsloth_prep_chat %}" + BATCH_SEP + "{% endfor %}")
@@ -116,10 +117,10 @@ BATCH_TEMPLATE = ("{% for messages, add_generation_prompt, tools in _unsloth_pre
 @patch
 def render_many(self: ChatRenderer, items: list) -> list[str]:
     "Rendered texts of `(messages, add_generation_prompt, tools)` items, in one template call."
-    if len(items) < 2: return [self.render(*it) for it in items]
+    if len(items) < 2 or self.compiled.name == "minijinja": return [self.render(*it) for it in items]
     budget = sum(render_budget(m, t) for m, _, t in items)
-    text = render_template(compile_template(BATCH_TEMPLATE), self.source, budget, _unsloth_prep_chat=self.compiled,
-                           _unsloth_prep_batch=items, documents=None, **self.kwargs)
+    text = render_template(compile_template(BATCH_TEMPLATE), self.source, budget, documents=None, **self.kwargs,
+                           _unsloth_prep_chat=self.compiled.jinja, _unsloth_prep_batch=items)
     out = text.split(BATCH_SEP)
     return out[:-1] if len(out) == len(items) + 1 else [self.render(*it) for it in items]
 
@@ -796,7 +797,7 @@ def report_lost(counts: TokenizeCounts, data=None) -> str | None:
     print(line, file=sys.stderr)
     return line
 
-# %% ../nbs/04_tokenization.ipynb #1ea739a6
+# %% ../nbs/04_tokenization.ipynb #ac0cfcbc
 def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_length: int | None = None,
             on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = 256, fmt: str = "auto",
             on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None,
@@ -817,8 +818,9 @@ def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_lengt
     return {"out": str(out), "records": c.rows_in, "rows": c.rows_out, "dropped": c.dropped, "truncated": c.truncated,
             "pretruncated": c.pretruncated, "tokens": c.tokens, "trainable_tokens": c.trainable_tokens,
             "trainable_lost": c.trainable_lost, "empty_turns": c.empty_turns, "dropped_reasons": dict(c.reasons),
-            "rejected": rejects.count, "encoder": ct.engine.name, "reference_rows": c.reference_rows,
-            "lost_parts": dict(c.lost_parts), "seconds": round(time.perf_counter() - t0, 3)}
+            "rejected": rejects.count, "encoder": ct.engine.name, "renderer": ct.renderer.compiled.name,
+            "reference_rows": c.reference_rows, "lost_parts": dict(c.lost_parts),
+            "seconds": round(time.perf_counter() - t0, 3)}
 
 def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: int = 256, fmt: str = "auto",
                   on_error: str = "raise", progress: bool | None = False) -> tuple[LengthStats, TokenizeCounts, int]:
