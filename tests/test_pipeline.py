@@ -229,7 +229,7 @@ def test_images_never_read_as_text(tmp_path):
     v = last_json(run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v.parquet")))
     assert v["images"] == info["images"] and v["image_tokens"] > 0 and v["rows"] == info["records"]
     two = run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v2"), "--workers", "2")
-    assert "cannot be cut into byte ranges" in two.stderr and last_json(two)["image_tokens"] == v["image_tokens"]
+    assert last_json(two)["image_tokens"] == v["image_tokens"] and last_json(two)["rows"] == v["rows"]  # array cut in 2
     first = sorted((src.parent / "images").iterdir())[0]
     first.unlink()
     doc = run("doctor", src, "--tokenizer", str(proc))

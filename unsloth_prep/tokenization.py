@@ -797,20 +797,20 @@ def report_lost(counts: TokenizeCounts, data=None) -> str | None:
     print(line, file=sys.stderr)
     return line
 
-# %% ../nbs/04_tokenization.ipynb #ac0cfcbc
+# %% ../nbs/04_tokenization.ipynb #1954958f
 def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_length: int | None = None,
             on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = 256, fmt: str = "auto",
             on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None,
             progress: bool | None = False, metadata: dict | None = None) -> dict:
     "Stream conversations -> tokenize + mask -> Parquet at `out` (written to a temp file, renamed when complete)."
     from unsloth_prep.loading import Rejects
-    from unsloth_prep.base import ParquetSink
+    from unsloth_prep.base import ParquetSink, TOKEN_PARQUET
     ct = ChatTokenizer(tokenizer, train_on, max_seq_length, on_overflow, chars_per_token)
     counts, rejects, t0, out = TokenizeCounts(), Rejects(), time.perf_counter(), Path(out).absolute()
     cols = tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts)
     tables = (_arrow_table(on_batch(c) if on_batch else c) for c in _with_progress(cols, counts, progress, data=data))
     try:
-        with ParquetSink(out, token_schema(), metadata) as sink:
+        with ParquetSink(out, token_schema(), metadata, **TOKEN_PARQUET) as sink:
             for t in tables: sink.write(t)
     except ValueError as e: raise _located(e, data) from None
     report_lost(counts, data)
