@@ -667,7 +667,7 @@ def _settle(parts, st, tmp, new_writer, compression) -> list:
         parts = [[tmp / "out" / "part-00000.parquet", st.schema, 0]]
     return parts
 
-# %% ../nbs/03_convert.ipynb #fcdd442e
+# %% ../nbs/03_convert.ipynb #e34c6d6c
 def _exact_or_text(parts, st):
     "Make JSON text of every field whose integers in an earlier part the final float type could not hold exactly."
     for path, schema, _ in parts:
@@ -683,7 +683,8 @@ def _exact_or_text(parts, st):
 def _source(src: Path, fmt: str, block_bytes: int, byte_range) -> tuple:
     "The blocks to convert, their size in bytes and the number of their first line (a byte range starts mid-file)."
     start, end = byte_range or (0, None)
-    if byte_range and compression_of(src): raise ValueError(f"{src}: a compressed file cannot be converted by byte range")
+    if byte_range and compression_of(src):
+        raise ValueError(f"{src}: a compressed file cannot be converted by byte range")
     size = (end or src.stat().st_size) - start
     if fmt == "json_array":
         first = array_bounds(src, [start], check=False) if start else [(0, 1)]

@@ -458,7 +458,7 @@ def _check_array_block(a, sp, ch, after, pos: int, where: str) -> bool:
     if a[sp[ends[0]] + 1:].tobytes().strip(): raise ValueError(f"{where}: data after the end of the array")
     return True
 
-# %% ../nbs/02_loading.ipynb #b22f6d61
+# %% ../nbs/02_loading.ipynb #dd86d26a
 def array_bounds(path, offsets: list, block_bytes: int = 8 << 20, check: bool = True) -> list[tuple[int, int]]:
     """`(offset, element number)` of the first top-level element of a JSON array starting at or after each of the
     sorted `offsets` (fewer when the array ends first); `check`: read to the end, ValueError when it is malformed."""
@@ -482,7 +482,8 @@ def array_bounds(path, offsets: list, block_bytes: int = 8 << 20, check: bool = 
     return out
 
 def array_shards(spec: dict, parts: int) -> list[dict]:
-    "A JSON array's shard spec cut into about `parts` byte ranges of whole elements (one when it cannot be cut)."
+    "A JSON array's shard spec cut into about `parts` byte ranges of whole elements (itself when it cannot be cut)."
+    if spec["kind"] != "json_array" or compression_of(spec["path"]): return [spec]
     size = os.path.getsize(spec["path"])
     try: cuts = array_bounds(spec["path"], [size * k // parts for k in range(1, parts)])
     except ValueError: return [spec]
@@ -490,7 +491,12 @@ def array_shards(spec: dict, parts: int) -> list[dict]:
     edges = [(0, 1)] + cuts
     return [{**spec, "start": a, "end": b, "first": n} for (a, n), (b, _) in zip(edges, edges[1:] + [(None, 0)])]
 
-# %% ../nbs/02_loading.ipynb #ef33e603
+def _array_records(spec: dict, on_error, rejects):
+    "The records of a JSON array's shard spec (a byte range from `array_shards`, or the whole file)."
+    return iter_json_array(spec["path"], on_error, rejects, start=spec["start"], end=spec["end"],
+                           first=spec.get("first", 1))
+
+# %% ../nbs/02_loading.ipynb #fbb1437e
 def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
     """Shard specs `{path, kind, start, end}`: one per file, uncompressed JSONL and JSON arrays split into byte
     ranges to reach `num_shards`."""
@@ -499,11 +505,8 @@ def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
     per_file = math.ceil(num_shards / len(specs))
     out = []
     for s in specs:
-        if s["kind"] == "json_array" and not compression_of(s["path"]):
-            out += array_shards(s, per_file)
-            continue
         if s["kind"] != "jsonl" or compression_of(s["path"]):
-            out.append(s)
+            out += array_shards(s, per_file)                     # a JSON array's byte ranges; other files whole
             continue
         size = os.path.getsize(s["path"])
         cuts = [0]
@@ -533,8 +536,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "jsonl":
         first = _lines_before(path, spec["start"]) + 1 if spec["start"] else 1
         return iter_jsonl(path, on_error, rejects, spec["start"], spec["end"], first)
-    if kind == "json_array":
-        return iter_json_array(path, on_error, rejects, start=spec["start"], end=spec["end"], first=spec.get("first", 1))
+    if kind == "json_array": return _array_records(spec, on_error, rejects)
     if kind in ("csv", "tsv"): return iter_csv(path, "," if kind == "csv" else "\t", on_error, rejects)
     if kind == "parquet": return iter_parquet(path, row_groups=spec.get("row_groups"),
                                                first_row=spec.get("first_row", 0))
