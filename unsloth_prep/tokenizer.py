@@ -277,23 +277,30 @@ def minijinja_source(template: str) -> str:
     "The template as minijinja reads it: `{% generation %}` markers become `{% if true %}` blocks."
     return _GEN_TAG.sub(lambda m: "{%" + m[1] + (" endif " if m[2] else " if true ") + m[3] + "%}", template)
 
-# %% ../nbs/03a_tokenizer.ipynb #6d088355
+# %% ../nbs/03a_tokenizer.ipynb #e2821231
 _CASE_OPS = re.compile(r"\|\s*(upper|lower|capitalize|title)\b"
                        r"|\.(upper|lower|capitalize|title|swapcase|casefold|is\w+)\(")
 
+_WS_OPS = re.compile(r"\.(l|r)?strip\(\s*\)|\.split\(\s*\)|\btrim\b")
+
 def _risky_chars(template: str):
-    "The characters minijinja treats unlike Python in this template's string operations (a compiled pattern)."
-    chars = "\x1c-\x1f"
-    if ".splitlines(" in template: chars += "\r\x0b\x0c\x85\u2028\u2029"
+    "The characters minijinja treats unlike Python in this template's string operations (a pattern; None: none)."
+    chars = "\x1c-\x1f" if _WS_OPS.search(template) else ""
+    if ".splitlines(" in template: chars += "\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029"
     if _CASE_OPS.search(template): chars = "\x1c-\x1f\x80-\U0010ffff"
-    return re.compile(f"[{chars}]")
+    return re.compile(f"[{chars}]") if chars else None
 
 def _routed(value, risky) -> bool:
     "True when `value` holds a string with a `risky` character or a float with an exponent (jinja2 renders it)."
-    if isinstance(value, str): return risky.search(value) is not None
-    if isinstance(value, dict): return any(_routed(v, risky) for v in value.values())
-    if isinstance(value, (list, tuple)): return any(_routed(v, risky) for v in value)
-    return isinstance(value, float) and "e" in repr(value)
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if type(v) is str:
+            if risky is not None and risky.search(v): return True
+        elif isinstance(v, dict): todo.extend(v.values())
+        elif isinstance(v, (list, tuple)): todo.extend(v)
+        elif type(v) is float and "e" in repr(v): return True
+    return False
 
 # %% ../nbs/03a_tokenizer.ipynb #8e90c9d6
 _ODD = " \n\t{{ not a var }} {% raw %} <b>&amp;</b> 'single' \"double\" back\\slash \u2028\u200b é 中文 👨‍👩‍👧 don't x1y\n"
@@ -389,12 +396,14 @@ def _probe(self: ChatTemplate, cases: list, variables: dict) -> str | None:
     self.probe = {"cases": 2 * len(cases), "identical": same, "first_diff": first}
     return None if first is None else f"minijinja renders it unlike jinja2 (first on {first[:40]!r})"
 
-# %% ../nbs/03a_tokenizer.ipynb #d118e343
+# %% ../nbs/03a_tokenizer.ipynb #c82eeb97
 @patch
 def render(self: ChatTemplate, max_chars: int | None = None, seconds: float = RENDER_SECONDS, **ctx) -> str:
     "The rendered text (minijinja where it renders alike, else jinja2) within `seconds` and `max_chars` characters."
     max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
-    if self.env is not None and not _routed((ctx.get("messages"), ctx.get("tools")), self.risky):
+    msgs, tools = ctx.get("messages"), ctx.get("tools")
+    routed = (self.risky is not None and _routed(msgs, self.risky)) or (tools is not None and _routed(tools, self.risky))
+    if self.env is not None and not routed:
         text = self._render_mj(max_chars, seconds, ctx)
         if text is not None: return text
         self.fallbacks += 1
