@@ -323,13 +323,13 @@ def render_probe_cases(chat) -> list:
     return [(chat, None), (chat[1:], None), (chat[1:2], None), (odd, None), (_TOOL_CHAT, _TOOLS),
             (_TOOL_CHAT[1:2], _TOOLS), (_THINK_CHAT, None)]
 
-# %% ../nbs/03a_tokenizer.ipynb #7c2c5e67
+# %% ../nbs/03a_tokenizer.ipynb #1e1a0485
 class ChatTemplate:
     "A chat template compiled once for two engines: minijinja where a probe shows jinja2's text, else jinja2."
     def __init__(self, template: str, source: str = "chat template", renderer: str = "auto", variables=None):
         if renderer not in RENDERERS: raise ValueError(f"renderer must be one of {RENDERERS}, got {renderer!r}")
         self.jinja, self.source, self.asked = compile_template(template), source, renderer
-        self.env, self.name, self.probe, self.fallbacks = None, "jinja2", None, 0
+        self.env, self.name, self.probe, self.fallbacks, self.risky = None, "jinja2", None, 0, None
         if renderer == "jinja2": return
         why = self._minijinja(template) or self._probe(render_probe_cases(_PROBE_CONV), dict(variables or {}))
         if why is None:
@@ -396,14 +396,14 @@ def _probe(self: ChatTemplate, cases: list, variables: dict) -> str | None:
     self.probe = {"cases": 2 * len(cases), "identical": same, "first_diff": first}
     return None if first is None else f"minijinja renders it unlike jinja2 (first on {first[:40]!r})"
 
-# %% ../nbs/03a_tokenizer.ipynb #c82eeb97
+# %% ../nbs/03a_tokenizer.ipynb #4ec5d07e
 @patch
 def render(self: ChatTemplate, max_chars: int | None = None, seconds: float = RENDER_SECONDS, **ctx) -> str:
     "The rendered text (minijinja where it renders alike, else jinja2) within `seconds` and `max_chars` characters."
     max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
-    msgs, tools = ctx.get("messages"), ctx.get("tools")
-    routed = (self.risky is not None and _routed(msgs, self.risky)) or (tools is not None and _routed(tools, self.risky))
-    if self.env is not None and not routed:
+    tools = ctx.get("tools")
+    routed = self.risky is not None and _routed(ctx.get("messages"), self.risky)
+    if self.env is not None and not routed and not (tools is not None and _routed(tools, self.risky)):
         text = self._render_mj(max_chars, seconds, ctx)
         if text is not None: return text
         self.fallbacks += 1
