@@ -36,7 +36,8 @@ def uptime() -> str:
 def tree_run(argv, env=None, timeout=7200) -> dict:
     "Run `argv`; sample the RSS of its whole process tree; wall seconds, tree peak, largest process peak, output."
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         cwd=tempfile.gettempdir())    # not a checkout: `python -c` puts the working folder first
     root, tree_peak, proc_peak, procs = psutil.Process(p.pid), 0.0, {}, set()
     out, err = [], []
     import threading
@@ -160,7 +161,9 @@ def to_pc(r):
 ds = ds.map(to_pc, remove_columns=ds.column_names)
 args = SFTConfig(output_dir=tempfile.mkdtemp(), max_length=None, completion_only_loss=True, report_to=[], use_cpu=True,
                  bf16=False, dataset_num_proc=None)
-out = SFTTrainer._prepare_dataset(SFTTrainer.__new__(SFTTrainer), ds, tok, args, False, None, "train")
+trainer = SFTTrainer.__new__(SFTTrainer)      # the preparation SFTTrainer.__init__ runs, without a model
+trainer._tokenizer, trainer.chat_template, trainer.completion_only_loss = tok, None, args.completion_only_loss
+out = SFTTrainer._prepare_dataset(trainer, ds, tok, args, False, None, "train")
 secs = time.perf_counter() - t0
 ids = out["input_ids"]
 labels = [[i if m else -100 for i, m in zip(x, cm)] for x, cm in zip(ids, out["completion_mask"])]
@@ -264,6 +267,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=1, help="also run prepare with this many workers (smallest size)")
     ap.add_argument("--vocab", choices=("fixture", "zipf"), default="fixture")
     ap.add_argument("--dir", default=tempfile.gettempdir())
+    ap.add_argument("--peers-only", action="store_true", help="only the peers, against an earlier run's output")
     ap.add_argument("--write-zipf", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.write_zipf: return write_zipf(a.write_zipf[0], float(a.write_zipf[1]))
@@ -272,10 +276,16 @@ def main(argv=None):
     work.mkdir(parents=True, exist_ok=True)
     tok, res = llama_folder(), {"package": a.package or "this checkout", "vocab": a.vocab, "sizes": {}}
     print(f"tokenizer: {tok}\npackage: {res['package']}; {os.cpu_count()} CPUs, {uptime()}")
+    if a.peers_only:
+        src, out = work / f"alpaca-{a.vocab}-{sizes[0]:g}mb.jsonl", work / f"out-{a.vocab}-{sizes[0]:g}"
+        row = {"records": make_data(src, sizes[0], a.vocab)["records"], "prepare_s": float("nan"), "load": uptime(),
+               "peers": peers(src, tok, out, work)}
+        for name, p in row["peers"].items(): print(name, json.dumps({k: v for k, v in p.items()}, default=str))
+        return row
     for mb in sizes:
         src = work / f"alpaca-{a.vocab}-{mb:g}mb.jsonl"
         info = make_data(src, mb, a.vocab)
-        out = work / f"out-{mb:g}"
+        out = work / f"out-{a.vocab}-{mb:g}"
         r = prepare(src, tok, out, a.package)
         row = {"records": info["records"], "prepare_s": r["seconds"], "tree_peak_mb": r["tree_peak_mb"],
                "process_peak_mb": r["process_peak_mb"], "rows": r["summary"]["rows"], "tokens": r["summary"]["tokens"],
