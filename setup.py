@@ -47,6 +47,7 @@ setuptools.setup(
         "dev": reqs("dev_requirements"),
         "bench": reqs("bench_requirements"),
         "ray": reqs("ray_requirements"),
+        "cloud": reqs("cloud_requirements"),
     },
     entry_points={"console_scripts": cfg["console_scripts"].split()},
     zip_safe=False,

@@ -17,5 +17,5 @@ def last_json(proc):
 def read_rows(out, split="train", columns=None):
     """The rows of a prepared output as a list of dicts, in order, whatever its layout (one file or a folder)."""
     import pyarrow.parquet as pq
-    from unsloth_prep.base import shard_paths
-    return [r for f in shard_paths(out) for r in pq.read_table(f, columns=columns).to_pylist()]
+    from unsloth_prep.outputs import prepared_files
+    return [r for f in prepared_files(out, split) for r in pq.read_table(f, columns=columns).to_pylist()]

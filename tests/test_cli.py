@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 import unsloth_prep
-from clitools import last_json, run
+from clitools import last_json, read_rows, run
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = sorted(m.name for m in pkgutil.iter_modules(unsloth_prep.__path__) if not m.name.startswith("_"))
@@ -69,13 +69,14 @@ def test_prepare_routes_by_task(tmp_path):
     tok = tiny_model()
     (tmp_path / "t.jsonl").write_text('{"text": "one small document"}\n{"text": "and a second one"}\n')
     pre = last_json(run("unsloth-prep", "prepare", tmp_path / "t.jsonl", "--tokenizer", tok, "--out",
-                        tmp_path / "b.parquet", "--task", "pretrain", "--block-size", "4"))
-    assert pre["documents"] == 2 and pre["blocks"] >= 1
+                        tmp_path / "b", "--task", "pretrain", "--block-size", "4"))
+    assert pre["documents"] == 2 and pre["blocks"] >= 1 and pre["task"] == "pretrain"
+    assert len(read_rows(tmp_path / "b")) == pre["blocks"]
     pair = '{"prompt": [{"role": "user", "content": "hi"}], "chosen": [{"role": "assistant", "content": "hello"}], ' \
            '"rejected": [{"role": "assistant", "content": "no"}]}\n'
     (tmp_path / "p.jsonl").write_text(pair)
     dpo = last_json(run("unsloth-prep", "prepare", tmp_path / "p.jsonl", "--tokenizer", tok, "--out",
-                        tmp_path / "d.parquet", "--task=dpo"))
-    assert dpo["task"] == "dpo" and dpo["rows"] == 1
+                        tmp_path / "d", "--task=dpo"))
+    assert dpo["task"] == "dpo" and dpo["rows"] == 1 and set(read_rows(tmp_path / "d")[0]) >= {"chosen_ids", "rejected_ids"}
     bad = run("unsloth-prep", "prepare", tmp_path / "p.jsonl", "--task", "rlhf", check=False)
     assert bad.returncode == 2 and "invalid choice: 'rlhf'" in bad.stderr and "'pretrain'" in bad.stderr

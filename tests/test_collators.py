@@ -88,13 +88,15 @@ def test_cli_pack_fresh_process(tmp_path):
     if "pack" not in COMMANDS:
         pytest.skip("`pack` is not registered in unsloth_prep.cli.COMMANDS yet (requested from the lead)")
     rows = synthetic_rows(300, max_len=400) + [{"input_ids": [7] * 2000, "attention_mask": [1] * 2000, "labels": [7] * 2000}]
-    src, dst = tmp_path / "tok.parquet", tmp_path / "out" / "packed.parquet"
+    src, dst = tmp_path / "tok.parquet", tmp_path / "out" / "packed"
     pq.write_table(pa.Table.from_pylist(rows), src)
     proc = subprocess.run(["unsloth-prep", "pack", str(src), str(dst), "--max-seq-length", "512"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert summary["rows"] == pq.read_table(dst).num_rows and summary["rejected"] == 1
+    from unsloth_prep.outputs import data_files
+    assert summary["rows"] == pq.read_table(data_files(dst)).num_rows and summary["rejected"] == 1
+    assert summary["rejects"] == str(dst / "rejects.parquet")
     assert pq.read_table(summary["rejects"])["row"].to_pylist() == [300]
     bad = subprocess.run(["unsloth-prep", "pack", str(tmp_path / "nope.parquet"), str(dst), "--max-seq-length", "512"],
                          capture_output=True, text=True, timeout=300)

@@ -1,14 +1,23 @@
-"""The main job, as a user runs it: `unsloth-prep demo` in a fresh process, offline, end to end."""
+"""The main job, as a user runs it: `unsloth-prep demo` in a fresh process, offline, end to end, from a folder that
+holds a clone named `unsloth_prep` (the stages import the installed package); each task writes into OUT/TASK."""
 import json, math, subprocess
 from pathlib import Path
 
 
+def _beside_a_clone(folder: Path) -> Path:
+    "A folder holding a directory named `unsloth_prep` with an unrelated package in it: where the demo is run from."
+    (folder / "unsloth_prep").mkdir(parents=True, exist_ok=True)
+    (folder / "unsloth_prep" / "__init__.py").write_text("raise ImportError('the clone, not the installed package')\n")
+    return folder
+
+
 def test_demo_end_to_end(tmp_path):
-    out = tmp_path / "demo"
-    proc = subprocess.run(["unsloth-prep", "demo", "--out", str(out), "--records", "400"],
-                          capture_output=True, text=True, timeout=900)
+    out = tmp_path / "demo" / "sft"
+    proc = subprocess.run(["unsloth-prep", "demo", "--out", str(tmp_path / "demo"), "--records", "400"],
+                          capture_output=True, text=True, timeout=900, cwd=_beside_a_clone(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["out"] == str(out) and summary["report"] == str(out / "report.json")
     report = json.loads(Path(summary["report"]).read_text())
     assert Path(summary["report"]).with_suffix(".png").stat().st_size > 5000
     assert list(summary["stages"]) == list(report["stages"])
@@ -29,11 +38,12 @@ def test_demo_end_to_end(tmp_path):
 
 def run_task_demo(tmp_path, task):
     "Run `unsloth-prep demo --task TASK` in a fresh process; its JSON summary, report.json and stdout."
-    out = tmp_path / task
-    proc = subprocess.run(["unsloth-prep", "demo", "--task", task, "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)
+    out = tmp_path / "demo_out" / task
+    proc = subprocess.run(["unsloth-prep", "demo", "--task", task, "--out", str(out.parent)], capture_output=True,
+                          text=True, timeout=600, cwd=_beside_a_clone(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["out"] == str(out) and summary["report"] == str(out / "report.json")
     report = json.loads(Path(summary["report"]).read_text())
     assert summary["task"] == report["task"] == task and list(summary["stages"]) == list(report["stages"])
     assert list(summary["stages"]) == ["generate", "tiny-model", "inspect", "doctor", "prepare", "plan", "train",
@@ -77,18 +87,20 @@ def test_demo_pretrain(tmp_path):
     assert prep["first_rejected_lines"] == gen["malformed_lines"] and len(gen["malformed_lines"]) > 0
     assert Path(summary["artefacts"]["rejects"]).exists()
     assert summary["first_loss"] == summary["losses"][0] and summary["final_loss"] == summary["losses"][-1]
-    assert report["loss_steps"] == [1, 12]
+    # the report plots the logged curve, every step (not a line from the first loss to the last)
+    assert report["loss_steps"] == list(range(1, 13)) and len(summary["losses"]) == 12
 
 
 def test_demo_vision(tmp_path):
     "`demo --task vision`: drawn images, the tiny vision model, image tokens in the rows, a few LoRA steps."
     import pyarrow.parquet as pq
     from unsloth_prep.tokenizer import load_tokenizer
-    out = tmp_path / "vision"
-    proc = subprocess.run(["unsloth-prep", "demo", "--task", "vision", "--out", str(out)], capture_output=True,
-                          text=True, timeout=600)
+    out = tmp_path / "demo_out" / "vision"
+    proc = subprocess.run(["unsloth-prep", "demo", "--task", "vision", "--out", str(out.parent)], capture_output=True,
+                          text=True, timeout=600, cwd=_beside_a_clone(tmp_path))
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["out"] == str(out)
     report = json.loads(Path(summary["report"]).read_text())
     assert summary["task"] == report["task"] == "vision" and list(summary["stages"]) == list(report["stages"])
     assert list(summary["stages"]) == ["generate", "tiny-model", "inspect", "doctor", "prepare", "plan", "train"]

@@ -10,7 +10,7 @@ pytest.importorskip("unsloth")
 
 # the CLI with `export` registered (the same `main` the `unsloth-prep` entry point runs)
 CLI = [sys.executable, "-c", "import sys; from unsloth_prep import cli; "
-       "cli.COMMANDS.setdefault('export', ('unsloth_prep.lifecycle', 'merge a LoRA run into its base model')); "
+       "cli.COMMANDS.setdefault('export', ('unsloth_prep.export', 'merge a LoRA run into its base model')); "
        "sys.exit(cli.main())"]
 TEMPLATE = "qwen-2.5"
 CONV = [{"role": "user", "content": "Why pack 序列?"}, {"role": "assistant", "content": "Less padding."},
@@ -70,7 +70,7 @@ def reference(run):
 def test_merged_float32_matches_base_plus_adapter(run, reference):
     import torch
     from transformers import AutoTokenizer
-    from unsloth_prep.lifecycle import load_plain
+    from unsloth_prep.export import load_plain
     out = run["dir"] / "merged32"
     code, s, err = _cli("export", run["dir"] / "run", "--merged", out, "--dtype", "float32", "--prompt", "hi",
                         "--max-new-tokens", 4)
@@ -91,7 +91,7 @@ def test_merged_float32_matches_base_plus_adapter(run, reference):
 
 def test_merged_bfloat16_with_unsloth(run, reference):
     import torch
-    from unsloth_prep.lifecycle import load_plain
+    from unsloth_prep.export import load_plain
     out = run["dir"] / "merged_bf16"
     code, s, err = _cli("export", run["adapter"], "--merged", out, "--dtype", "bfloat16", "--no-check")
     assert code == 0, err[-3000:]

@@ -7,10 +7,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "unsloth_prep"
-# bottom first: utilities, readers, tokenizers and builders per task, checks, the executor, training, commands
-LAYERS = ["memory", "base", "fixtures", "loading", "convert", "collators", "tokenizer", "tokenization", "checks",
-          "preference", "pretrain", "vision", "lifecycle", "config", "oom", "parallel", "pipeline", "doctor",
-          "training", "demo", "cli"]
+# bottom first: utilities, outputs, readers, the step type and the executor, the tasks, checks, training, commands
+LAYERS = ["memory", "base", "outputs", "fixtures", "loading", "split", "steps", "parallel", "convert", "collators",
+          "tokenizer", "tokenization", "checks", "preference", "pretrain", "vision", "config", "export", "oom",
+          "pipeline", "doctor", "training", "api", "demo", "cli"]
 MODULES = sorted(p.stem for p in PKG.glob("*.py") if not p.name.startswith("_"))
 
 

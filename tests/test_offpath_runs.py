@@ -13,6 +13,7 @@ import yaml
 from clitools import last_json, run
 from unsloth_prep.config import load_config
 from unsloth_prep.fixtures import tiny_model, write_records
+from unsloth_prep.outputs import data_files
 
 CLI = (shutil.which("unsloth-prep"),) if shutil.which("unsloth-prep") else (
     sys.executable, "-c", "import sys; from unsloth_prep.cli import main; sys.exit(main())")
@@ -55,15 +56,23 @@ def leftovers(folder, keep) -> list:
 
 
 # ---------------------------------------------------------------- an output that is an input
-@pytest.mark.parametrize("case", ["dst_is_src", "rejects_is_src", "default_rejects_is_src"])
+@pytest.mark.parametrize("case", ["dst_is_src", "dst_holds_src", "default_rejects_is_src"])
 def test_pack_never_writes_over_its_input(tmp_path, case):
-    src = tokenized(tmp_path / ("data.rejects.parquet" if case == "default_rejects_is_src" else "data.parquet"))
+    # default_rejects_is_src: the input is OUT/rejects.parquet, where pack puts its overlong rows
+    src = tokenized(_mkdir(tmp_path / "o") / "rejects.parquet") if case == "default_rejects_is_src" \
+        else tokenized(tmp_path / "data.parquet")
     before = digest(src)
-    args = {"dst_is_src": [src, src], "rejects_is_src": [src, tmp_path / "out.parquet", "--rejects", src],
-            "default_rejects_is_src": [src, tmp_path / "data.parquet"]}[case]
+    args = {"dst_is_src": [src, src], "dst_holds_src": [src, tmp_path],
+            "default_rejects_is_src": [src, tmp_path / "o"]}[case]
     p = cli("pack", *args, "--max-seq-length", 16, "--no-progress")
     refused(p, src.name)
-    assert digest(src) == before and leftovers(tmp_path, [src]) == []
+    assert digest(src) == before and leftovers(tmp_path, [src, "o"]) == []
+    if case == "default_rejects_is_src": assert sorted(f.name for f in (tmp_path / "o").iterdir()) == [src.name]
+
+
+def _mkdir(d):
+    Path(d).mkdir(parents=True, exist_ok=True)
+    return Path(d)
 
 
 @pytest.mark.parametrize("flag", ["--rejects", "--write-clean"])
@@ -107,11 +116,11 @@ def test_train_outputs_never_replace_its_data(tmp_path):
 def test_numeric_options_are_range_checked(tmp_path, argv, option):
     src = tokenized(tmp_path / "data.parquet")
     before = digest(src)
-    argv = [a.format(src=src, out=tmp_path / "out.parquet") for a in argv]
+    argv = [a.format(src=src, out=tmp_path / "out") for a in argv]
     p = cli(*argv)
     refused(p, option)
     assert "ZeroDivisionError" not in p.stderr and digest(src) == before
-    assert not (tmp_path / "out.parquet").exists()
+    assert not (tmp_path / "out").exists()
 
 
 # ---------------------------------------------------------------- full disk, read-only folder, Ctrl-C
@@ -141,9 +150,9 @@ def test_pack_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path):
     # ENOSPC injected into the Parquet writer of the fresh process (a real full disk: see the tmpfs test below)
     src = tokenized(tmp_path / "data.parquet", lengths=(5, 7, 9, 30, 12, 3) * 50)
     before = digest(src)
-    out = tmp_path / "out" / "packed.parquet"
+    out = tmp_path / "out" / "packed"
     p = with_fault("enospc", "pack", src, out, "--max-seq-length", 16, "--no-progress")
-    refused(p, "packed.parquet", "No space left")
+    refused(p, "packed", "No space left")
     assert digest(src) == before and leftovers(tmp_path, [src, "out"]) == []
 
 
@@ -162,8 +171,8 @@ def test_pack_on_a_really_full_tmpfs(tmp_path, small_fs):
     if small_fs is None: pytest.skip("cannot mount a tmpfs here (the injected ENOSPC test covers this)")
     src = tokenized(tmp_path / "data.parquet", lengths=list(range(100, 400)) * 4)   # ~3 MB of packed output
     before = digest(src)
-    p = cli("pack", src, small_fs / "packed.parquet", "--max-seq-length", 512, "--no-progress")
-    refused(p, "packed.parquet", "No space left")
+    p = cli("pack", src, small_fs / "packed", "--max-seq-length", 512, "--no-progress")
+    refused(p, "packed", "No space left")
     assert digest(src) == before and leftovers(small_fs, []) == []
 
 
@@ -186,22 +195,29 @@ def readonly_dir(tmp_path):
 def test_pack_into_a_read_only_folder(tmp_path, readonly_dir):
     src = tokenized(tmp_path / "data.parquet")
     before = digest(src)
-    p = cli("pack", src, readonly_dir / "packed.parquet", "--max-seq-length", 16, "--no-progress")
+    p = cli("pack", src, readonly_dir / "packed", "--max-seq-length", 16, "--no-progress")
     refused(p, str(readonly_dir))
     assert digest(src) == before and list(readonly_dir.iterdir()) == []
 
 
 def test_ctrl_c_in_pack_exits_130_and_leaves_nothing(tmp_path):
+    "Ctrl-C: exit 130, no output and no half-written file; only the hidden build (its journal, for a resume), which the"
+    " next run takes over and removes."
+    from unsloth_prep.outputs import build_dir
     src = tokenized(tmp_path / "data.parquet", lengths=(5, 7, 9, 30, 12, 3) * 50)
     before = digest(src)
-    out = tmp_path / "out" / "packed.parquet"
+    out = tmp_path / "out" / "packed"
     t0 = time.perf_counter()
     p = with_fault("sigint", "pack", src, out, "--max-seq-length", 16, "--no-progress")
     err = p.stderr.strip()
     assert p.returncode == 130, (p.returncode, err[-2000:])
     assert "Traceback" not in err and len(err.splitlines()) == 1, err[-2000:]
     assert time.perf_counter() - t0 < 60
-    assert digest(src) == before and leftovers(tmp_path, [src, "out"]) == []
+    build = build_dir(out)
+    assert digest(src) == before and not out.exists() and not list(build.rglob("*.parquet*"))
+    assert [f for f in leftovers(tmp_path, [src, "out"]) if not f.startswith(f"out/{build.name}")] == []
+    assert cli("pack", src, out, "--max-seq-length", 16, "--no-progress").returncode == 0
+    assert not build.exists() and [f for f in leftovers(tmp_path, [src, "out"]) if not f.startswith("out/packed")] == []
 
 
 # ---------------------------------------------------------------- the config reader
@@ -304,8 +320,8 @@ def prepared(tmp_path_factory):
     model = tiny_model()
     write_records(d / "raw.jsonl", n=24, seed=11)
     run(*CLI, "prepare", d / "raw.jsonl", "--tokenizer", model, "--max-seq-length", 128, "--out",
-        d / "prepared.parquet", "--no-progress")
-    return {"dir": d, "model": str(model), "data": d / "prepared.parquet"}
+        d / "prepared", "--no-progress")
+    return {"dir": d, "model": str(model), "data": d / "prepared"}
 
 
 def _train_cfg(prepared, name="run.yaml", **kw) -> Path:
@@ -325,18 +341,18 @@ MISMATCHES = [(dict(max_seq_length=256), "max_seq_length", "128", "256"),
 
 @pytest.mark.parametrize("change, key, theirs, ours", MISMATCHES)
 def test_train_stops_when_config_and_prepared_data_disagree(prepared, change, key, theirs, ours):
-    # the settings `prepare` itself recorded (base.prepared_settings of the CLI's output)
+    # the settings `prepare` itself recorded (outputs.settings_of the CLI's output folder: its manifest)
     f = _train_cfg(prepared, f"mismatch_{key}.yaml", **change)
     t0 = time.perf_counter()
     p = cli("train", f, timeout=120)
-    line = refused(p, "prepared.parquet", key, theirs, ours)
+    line = refused(p, prepared["data"], key, theirs, ours)
     assert time.perf_counter() - t0 < 60, "the check runs before the model is loaded"
     assert not (prepared["dir"] / f"mismatch_{key}" / "adapter").exists(), line
 
 
 @pytest.mark.parametrize("change, key, theirs, ours", MISMATCHES)
 def test_train_compares_the_recorded_settings(tmp_path, change, key, theirs, ours):
-    # the same check on settings written the way base.prepared_settings reads them (Parquet key-value metadata)
+    # the same check on one Parquet file's settings (outputs.settings_of reads its key-value metadata)
     from unsloth_prep.base import ParquetSink
     model = str(tiny_model())
     data = tmp_path / "prepared.parquet"
@@ -350,7 +366,7 @@ def test_train_compares_the_recorded_settings(tmp_path, change, key, theirs, our
 
 
 def test_train_with_max_steps_minus_one_trains_the_epochs_and_says_so(prepared):
-    rows = pq.ParquetFile(prepared["data"]).metadata.num_rows
+    rows = sum(pq.ParquetFile(f).metadata.num_rows for f in data_files(prepared["data"]))
     f = _train_cfg(prepared, "epochs.yaml", trainer={"max_steps": -1, "num_train_epochs": 1,
                                                       "per_device_train_batch_size": 4, "warmup_steps": 0})
     p = cli("train", f, timeout=600)

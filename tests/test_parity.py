@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from unsloth_prep.loading import Rejects, iter_file
+from unsloth_prep.outputs import REJECTS, data_files
 
 WIDE = 123456789012345678901234567890
 DEEP = b"[" * 5000 + b"]" * 5000
@@ -64,6 +65,22 @@ def cli(*args):
     return p.returncode, summary, p.stderr
 
 
+def table(out):
+    "The converted rows of an output folder, as one table."
+    return pq.read_table(data_files(out))
+
+
+def convert_sharded(src, out, **options) -> dict:
+    "`unsloth-prep convert SRC --out OUT` with these options, in this process (workers are spawned): the summary."
+    import argparse, contextlib, io
+    from unsloth_prep.pipeline import convert_args, convert_main
+    p = argparse.ArgumentParser()
+    convert_args(p)
+    argv = [str(src), "--out", str(out), "--no-progress"]
+    for k, v in options.items(): argv += [f"--{k.replace('_', '-')}", str(v)]
+    with contextlib.redirect_stdout(io.StringIO()): return convert_main(p.parse_args(argv))
+
+
 def as_row(r, columns, text_fields):
     "A record as convert's row: every column present, values of JSON-text fields (wide ints, too deep) as JSON text."
     text = lambda v: v if v is None or isinstance(v, str) else json.dumps(v, separators=(",", ":"))
@@ -89,12 +106,13 @@ def test_same_records_same_rejects(tmp_path, case):
     got = [json.loads(l) for l in open(tmp_path / "inspect.rejects.jsonl")] if bad else []
     assert [(o["line"], o["error"]) for o in got] == reasons
     # convert: same rows, same rejects, and the Parquet reads back
-    code, s, err = cli("convert", src, tmp_path / "out.parquet", "--no-progress")
+    code, s, err = cli("convert", src, tmp_path / "out", "--no-progress")
     assert code == 0, err
     assert (s["rows"], s["rejected"]) == (len(accepted), len(bad))
-    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    rows = table(tmp_path / "out").to_pylist()
     assert rows == [as_row(r, rows[0].keys(), s["json_text_fields"]) for r in accepted]
     assert set(s["json_text_fields"]) == {"wide_int": {"id"}, "deep_100_ok": {"x"}}.get(case, set())
+    if bad: assert s["rejects"] == str(tmp_path / "out" / REJECTS)
     got = [json.loads(l) for l in open(s["rejects"])] if bad else []
     assert [(o["line"], o["error"]) for o in got] == reasons
     # doctor (no tokenizer: the data checks); it shows the first three rejected lines and the first reason
@@ -114,10 +132,10 @@ def test_wide_ints_counted_as_coerced(tmp_path):
     "An ID beyond 64 bits stays exact in the Parquet output, as text, and the summary counts it."
     name, data, accepted, _ = CASES["wide_int"]
     (tmp_path / name).write_bytes(data)
-    code, s, err = cli("convert", tmp_path / name, tmp_path / "out.parquet", "--no-progress")
+    code, s, err = cli("convert", tmp_path / name, tmp_path / "out", "--no-progress")
     assert code == 0, err
     assert s["coerced"] == {"id": 2}
-    assert pq.read_table(tmp_path / "out.parquet")["id"].to_pylist() == [str(WIDE), str(-WIDE)]
+    assert table(tmp_path / "out")["id"].to_pylist() == [str(WIDE), str(-WIDE)]
 
 
 def test_empty_file_and_directory(tmp_path):
@@ -125,32 +143,42 @@ def test_empty_file_and_directory(tmp_path):
     (tmp_path / "empty.jsonl").write_bytes(b"")
     code, _, err = cli("inspect", tmp_path / "empty.jsonl")
     assert code == 2 and "empty.jsonl" in err and "no records" in err
-    code, s, err = cli("convert", tmp_path / "empty.jsonl", tmp_path / "out.parquet", "--no-progress")
+    code, s, err = cli("convert", tmp_path / "empty.jsonl", tmp_path / "out", "--no-progress")
     assert code == 0 and (s["rows"], s["rejected"]) == (0, 0), err
-    assert pq.read_table(tmp_path / "out.parquet").num_rows == 0
+    assert len(data_files(tmp_path / "out")) == 1 and table(tmp_path / "out").num_rows == 0
     code, s, err = cli("doctor", tmp_path / "empty.jsonl")
     assert s["checked"] == 0, err
-    (tmp_path / "d").mkdir()
-    code, _, err = cli("convert", tmp_path / "d", tmp_path / "d.parquet", "--no-progress")
-    assert code == 2 and f"{tmp_path / 'd'}: is a directory" in err and "Traceback" not in err
+    (tmp_path / "d").mkdir()     # a folder is read as its data files: none here
+    code, _, err = cli("convert", tmp_path / "d", tmp_path / "dout", "--no-progress")
+    assert code == 2 and f"{tmp_path / 'd'}: no such data file" in err and "Traceback" not in err
+    assert not (tmp_path / "dout").exists()
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_convert_workers_equal_one_process(tmp_path, case):
     "Byte ranges converted by worker processes (3 ranges, 2 workers) give the one-process table and rejects file."
     from unsloth_prep.convert import convert
-    from unsloth_prep.parallel import run_convert_sharded
-    from unsloth_prep.base import shard_paths
     name, data, accepted, bad = CASES[case]
     src = tmp_path / name
     src.write_bytes(data)
     one = convert(src, tmp_path / "one.parquet", progress=False)
-    many = run_convert_sharded(src, tmp_path / "many", workers=2, shards=3, progress=False)
-    assert pq.read_table(shard_paths(tmp_path / "many")).equals(pq.read_table(tmp_path / "one.parquet"))
+    many = convert_sharded(src, tmp_path / "many", workers=2, shards=3)
+    assert table(tmp_path / "many").equals(pq.read_table(tmp_path / "one.parquet"))
     keys = ("rows", "rejected", "blank", "lines", "coerced", "json_text_fields", "columns", "input_bytes")
     assert {k: many[k] for k in keys} == {k: one[k] for k in keys}
     if bad: assert Path(many["rejects"]).read_bytes() == Path(one["rejects"]).read_bytes()
-    else: assert many["rejects"] is None
+    else: assert one["rejects"] is None and not (tmp_path / "one.rejects.jsonl").exists()
+
+
+@pytest.mark.xfail(reason="core bug: `convert` with nothing rejected writes an empty OUT/rejects.jsonl and its "
+                          "summary says `rejects: OUT/rejects.jsonl` (ConvertStep.run creates the shard's rejects file "
+                          "even when empty; the library convert says None)", strict=True)
+@pytest.mark.parametrize("workers", [1, 2])
+def test_convert_with_nothing_rejected_has_no_rejects_file(tmp_path, workers):
+    name, data, _, _ = CASES["blank_crlf_whitespace"]
+    (tmp_path / name).write_bytes(data)
+    s = convert_sharded(tmp_path / name, tmp_path / "many", workers=workers, shards=3)
+    assert s["rejected"] == 0 and s["rejects"] is None and not (tmp_path / "many" / REJECTS).exists()
 
 
 def test_convert_workers_schema_drift_across_ranges(tmp_path):
@@ -162,11 +190,9 @@ def test_convert_workers_schema_drift_across_ranges(tmp_path):
     src = tmp_path / "drift.jsonl"
     src.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in rows))
     from unsloth_prep.convert import convert
-    from unsloth_prep.parallel import run_convert_sharded
-    from unsloth_prep.base import shard_paths
     one = convert(src, tmp_path / "one.parquet", progress=False, block_mb=0.01)
-    many = run_convert_sharded(src, tmp_path / "many", workers=2, shards=5, progress=False, block_mb=0.01)
+    many = convert_sharded(src, tmp_path / "many", workers=2, shards=5, block_mb=0.01)
     assert many["shards"] == 5
-    assert pq.read_table(shard_paths(tmp_path / "many")).equals(pq.read_table(tmp_path / "one.parquet"))
+    assert table(tmp_path / "many").equals(pq.read_table(tmp_path / "one.parquet"))
     assert (many["coerced"], many["json_text_fields"]) == (one["coerced"], one["json_text_fields"])
     assert one["coerced"] == {"id": 600, "tags": 300, "n": 300}  # id's ints and tags' lists as JSON text; n's ints as floats

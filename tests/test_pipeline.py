@@ -3,13 +3,12 @@ same rows; options mean the same everywhere and are refused by name where they d
 import json, os, signal, subprocess, sys, time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
-from clitools import last_json, run as _run
-from unsloth_prep.base import prepared_settings, shard_paths
+from clitools import last_json, read_rows, run as _run
 from unsloth_prep.fixtures import iter_pairs, tiny_model, write_corpus, write_records
-from unsloth_prep.parallel import build_dir, rows_digest
+from unsloth_prep.outputs import REJECTS, build_dir, data_files, settings_of
+from unsloth_prep.parallel import rows_digest
 
 TASKS = ("sft", "dpo", "kto", "pretrain")
 
@@ -41,30 +40,33 @@ def prepare(data_dir, task, out, *extra):
     return last_json(r)
 
 
-def digest(task, out):
-    return rows_digest(shard_paths(out), COLUMNS[task])
+def digest(task, out, split="train"):
+    return rows_digest(data_files(out, split), COLUMNS[task])
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_workers_give_the_single_process_rows(data, tmp_path, task):
-    one = prepare(data, task, tmp_path / "one.parquet")
+    one = prepare(data, task, tmp_path / "one")
     two = prepare(data, task, tmp_path / "two", "--workers", "2")
     assert one["rows"] > 0 and one["records"] == two["records"] and one["rows"] == two["rows"]
-    assert digest(task, tmp_path / "one.parquet") == digest(task, two["out"])
+    assert digest(task, tmp_path / "one") == digest(task, two["out"])
     assert two["workers"] == 2 and one["task"] == two["task"] == task
-    settings = prepared_settings(tmp_path / "one.parquet")
+    settings = settings_of(tmp_path / "one")
     assert settings["task"] == task and settings["max_seq_length"] == 256
 
 
 @pytest.mark.parametrize("task", TASKS)
 def test_eval_split_for_every_task(data, tmp_path, task):
-    s = prepare(data, task, tmp_path / "split.parquet", "--eval-fraction", "0.1")
+    s = prepare(data, task, tmp_path / "split", "--eval-fraction", "0.1")
     assert s["split"]["train"] > 0 and s["split"]["eval"] > 0 and s["rows"] > 0 and s["eval"]["rows"] > 0
-    train = {tuple(r) for r in pq.read_table(s["out"]).column(COLUMNS[task][0]).to_pylist()}
-    held = {tuple(r) for r in pq.read_table(s["eval_out"]).column(COLUMNS[task][0]).to_pylist()}
+    col = COLUMNS[task][0]
+    train = {tuple(r[col]) for r in read_rows(s["out"], "train", [col])}
+    held = {tuple(r[col]) for r in read_rows(s["out"], "validation", [col])}
+    assert len(held) > 0 and s["splits"] == {"train": s["rows"], "validation": s["eval"]["rows"]}
     if task != "pretrain": assert not train & held, "an eval row is also a train row"
-    two = prepare(data, task, tmp_path / "split2.parquet", "--eval-fraction", "0.1", "--workers", "2")
-    assert digest(task, s["out"]) == digest(task, two["out"]) and digest(task, s["eval_out"]) == digest(task, two["eval_out"])
+    two = prepare(data, task, tmp_path / "split2", "--eval-fraction", "0.1", "--workers", "2")
+    assert digest(task, s["out"]) == digest(task, two["out"])
+    assert digest(task, s["out"], "validation") == digest(task, two["out"], "validation")
 
 
 def test_ray_engine_gives_the_same_rows_for_every_task(data, tmp_path):
@@ -81,32 +83,32 @@ def _ray_rows(data, tmp_path):
         buf = io.StringIO()
         argv = ["prepare", str(data / f"{task}.jsonl"), "--task", task, "--tokenizer", str(tiny_model()),
                 "--max-seq-length", "256", "--on-error", "skip", "--no-progress"]
-        with redirect_stdout(buf): assert main(argv + ["--out", str(tmp_path / f"{task}.parquet")]) == 0
+        with redirect_stdout(buf): assert main(argv + ["--out", str(tmp_path / f"{task}_one")]) == 0
         with redirect_stdout(buf): assert main(argv + ["--out", str(tmp_path / f"{task}_ray"), "--engine", "ray",
                                                        "--workers", "2"]) == 0
-        assert digest(task, tmp_path / f"{task}.parquet") == digest(task, tmp_path / f"{task}_ray"), task
+        assert digest(task, tmp_path / f"{task}_one") == digest(task, tmp_path / f"{task}_ray"), task
 
 
 def test_one_vocabulary(data, tmp_path):
     r = run("prepare", str(data / "dpo.jsonl"), "--task", "dpo", "--tokenizer", str(tiny_model()), "--out",
-            str(tmp_path / "x.parquet"), "--pack")
+            str(tmp_path / "x"), "--pack")
     assert r.returncode == 2 and "--pack does not apply to --task dpo" in r.stderr and "Traceback" not in r.stderr
-    r = run("prepare", str(data / "sft.jsonl"), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "y.parquet"),
+    r = run("prepare", str(data / "sft.jsonl"), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "y"),
             "--max-prompt-length", "9")
     assert r.returncode == 2 and "--max-prompt-length does not apply to --task sft" in r.stderr
     for bad in (["--batch-size", "0"], ["--workers", "-1"], ["--eval-fraction", "1.5"], ["--max-seq-length", "0"]):
         r = run("prepare", str(data / "sft.jsonl"), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "z"), *bad)
         assert r.returncode == 2 and bad[0] in r.stderr, (bad, r.stderr)
     # TRL's name is an alias of the same option
-    s = prepare(data, "dpo", tmp_path / "alias.parquet", "--max-length", "128")
-    assert prepared_settings(tmp_path / "alias.parquet")["max_seq_length"] == 128 and s["rows"] > 0
+    s = prepare(data, "dpo", tmp_path / "alias", "--max-length", "128")
+    assert settings_of(tmp_path / "alias")["max_seq_length"] == 128 and s["rows"] > 0
 
 
 def test_output_never_replaces_the_input(data, tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_bytes((data / "sft.jsonl").read_bytes())
     before = src.read_bytes()
-    for extra in (["--out", str(src)], ["--out", str(tmp_path / "o.parquet"), "--rejects", str(src)],
+    for extra in (["--out", str(src)], ["--out", str(tmp_path / "o"), "--rejects", str(src)],
                   ["--out", str(tmp_path), "--workers", "2"]):
         r = run("prepare", str(src), "--tokenizer", str(tiny_model()), "--on-error", "skip", *extra)
         assert r.returncode == 2 and "would overwrite the input" in r.stderr, (extra, r.stderr)
@@ -114,8 +116,9 @@ def test_output_never_replaces_the_input(data, tmp_path):
 
 
 def test_rejects_file_for_every_task(data, tmp_path):
-    s = prepare(data, "sft", tmp_path / "r.parquet")
-    assert s["rejected"] > 0 and s["rejects"] and len(Path(s["rejects"]).read_text().splitlines()) == s["rejected"]
+    s = prepare(data, "sft", tmp_path / "r")
+    assert s["rejected"] > 0 and s["rejects"] == str(tmp_path / "r" / REJECTS)
+    assert len(Path(s["rejects"]).read_text().splitlines()) == s["rejected"]
 
 
 def _pids_of(out_dir: Path) -> list:
@@ -195,7 +198,7 @@ def test_killed_run_leaves_no_worker_and_resumes(big, reference, tmp_path, sig):
                 "--shards", "8", "--no-progress")
     s = last_json(again)
     assert again.returncode == 0 and s["reused_shards"] >= 2, s
-    assert rows_digest(shard_paths(out)) == rows_digest(shard_paths(reference))
+    assert rows_digest(data_files(out)) == rows_digest(data_files(reference))
     assert sorted(os.listdir(out)) == sorted(os.listdir(reference))
     assert not build_dir(out).exists()
 
@@ -216,25 +219,26 @@ def test_images_never_read_as_text(tmp_path):
     info = write_vision_records(tmp_path / "data", n=6, seed=1)
     proc = processor_folder(tmp_path / "proc")
     src = Path(info["path"])
-    r = run("prepare", src, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "t.parquet"))
+    r = run("prepare", src, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "t"))
     assert r.returncode == 2 and "field 'images'" in r.stderr and "--drop-images" in r.stderr and "Traceback" not in r.stderr
-    assert not (tmp_path / "t.parquet").exists()
-    s = last_json(run("prepare", src, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "t.parquet"),
+    assert not (tmp_path / "t").exists() and not build_dir(tmp_path / "t").exists()
+    s = last_json(run("prepare", src, "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "t"),
                       "--drop-images"))
     assert s["images_dropped"] == info["images"] and s["rows"] == info["records"]
     from unsloth_prep.tokenizer import load_tokenizer
     tok = load_tokenizer(tiny_model())
-    texts = [tok.decode(ids) for ids in pq.read_table(tmp_path / "t.parquet").column("input_ids").to_pylist()]
+    texts = [tok.decode(r["input_ids"]) for r in read_rows(tmp_path / "t", columns=["input_ids"])]
     assert texts and not any("<image>" in x for x in texts), "a dropped image leaves no placeholder text"
-    v = last_json(run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v.parquet")))
+    v = last_json(run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v")))
     assert v["images"] == info["images"] and v["image_tokens"] > 0 and v["rows"] == info["records"]
     two = run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v2"), "--workers", "2")
-    assert last_json(two)["image_tokens"] == v["image_tokens"] and last_json(two)["rows"] == v["rows"]  # array cut in 2
+    assert "read whole" not in two.stderr and last_json(two)["image_tokens"] == v["image_tokens"]  # the array is cut
+    assert read_rows(tmp_path / "v2") == read_rows(tmp_path / "v")
     first = sorted((src.parent / "images").iterdir())[0]
     first.unlink()
     doc = run("doctor", src, "--tokenizer", str(proc))
     assert doc.returncode == 1 and "image_missing" in last_json(doc)["codes"] and first.name in doc.stdout
-    bad = run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v3.parquet"))
+    bad = run("prepare", src, "--tokenizer", str(proc), "--out", str(tmp_path / "v3"))
     assert bad.returncode == 2 and first.name in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -267,19 +271,36 @@ def _tree(pid: int) -> list:
 
 
 def test_kill_9_leaves_nothing_a_rerun_does_not_clean(big, tmp_path):
-    "After kill -9 of a one-process run, a rerun leaves only the output and its rejects beside it."
-    out = tmp_path / "x.parquet"
+    "After kill -9 of a one-process run, a rerun leaves only the output folder (its rejects inside it)."
+    out = tmp_path / "x"
     argv = ["unsloth-prep", "prepare", str(big), "--tokenizer", str(tiny_model()), "--out", str(out), "--shards", "8",
             "--no-progress"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    journal = tmp_path / ".x.parquet.shards.build" / "_journal.jsonl"
+    journal = build_dir(out) / "_journal.jsonl"
     t0 = time.time()
     while time.time() - t0 < 120 and proc.poll() is None:
         if journal.exists() and journal.read_text().count("\n") >= 2: break
         time.sleep(0.05)
     proc.kill()
     proc.wait()
-    (tmp_path / f".x.parquet.tmp-{proc.pid}").write_text("what a killed writer leaves")
+    assert build_dir(out).exists() and not out.exists()
+    # what a writer killed mid-file leaves: its temporary file in the build folder
+    (build_dir(out) / f"._part-train-00007.parquet.tmp-{proc.pid}").write_text("what a killed writer leaves")
     s = last_json(run(*argv[1:]))
-    assert s["reused_shards"] >= 2 and out.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.parquet"], sorted(p.name for p in tmp_path.iterdir())
+    assert s["reused_shards"] >= 2 and out.is_dir() and data_files(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x"], sorted(p.name for p in tmp_path.iterdir())
+    assert not [p.name for p in out.iterdir() if p.name.startswith((".", "_part", "_rejects", "_journal"))]
+
+
+def test_rerun_cleans_what_a_run_killed_while_publishing_left(tmp_path):
+    "A run killed after it moved the earlier output aside (`.x.old-PID`, a dead PID) leaves nothing after a rerun."
+    src = tmp_path / "in" / "d.jsonl"
+    write_records(src, n=20, seed=2)
+    argv = ["prepare", str(src), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "x"), "--no-progress"]
+    assert run(*argv).returncode == 0
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    old = tmp_path / f".x.old-{dead.pid}"
+    (tmp_path / "x").rename(old)          # what the killed run left: its earlier output moved aside, half removed
+    s = last_json(run(*argv))
+    assert s["rows"] > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["in", "x"]

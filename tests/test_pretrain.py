@@ -5,7 +5,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from clitools import last_json, run
+from clitools import last_json, read_rows, run
+from unsloth_prep.outputs import REJECTS, build_dir
 
 _MAIN = """
 import sys
@@ -24,25 +25,26 @@ def corpus(tmp_path_factory):
 
 def test_prepare_main_fresh_process(corpus):
     d, info = corpus["dir"], corpus["info"]
-    p = run(sys.executable, "-c", _MAIN, d / "c.jsonl", "--tokenizer", corpus["model"], "--out", d / "b.parquet",
+    p = run(sys.executable, "-c", _MAIN, d / "c.jsonl", "--tokenizer", corpus["model"], "--out", d / "b",
             "--block-size", "128", "--on-error", "skip", "--stride", "2")
     s = last_json(p)
     assert s["rejected"] == len(info["malformed_lines"]) and s["empty_docs"] == len(info["empty_lines"])
     assert s["documents"] + s["empty_docs"] == info["records"]
+    assert s["rejects"] == str(d / "b" / REJECTS)
     assert [json.loads(l)["line"] for l in open(s["rejects"])] == info["malformed_lines"]
-    t = pq.read_table(d / "b.parquet")
-    assert t.num_rows == s["blocks"] and set(t.column_names) == {"input_ids", "labels", "position_ids", "seq_lengths"}
-    labelled = sum(sum(1 for x in row if x != -100) for row in t.column("labels").to_pylist())
+    rows = read_rows(d / "b")
+    assert len(rows) == s["blocks"] == s["rows"] and set(rows[0]) == {"input_ids", "labels", "position_ids", "seq_lengths"}
+    labelled = sum(sum(1 for x in row["labels"] if x != -100) for row in rows)
     assert labelled + s["dropped_tokens"] == s["tokens"] and s["dropped_tokens"] < 128
 
 
 def test_prepare_main_bad_input_names_file_line_field(corpus):
     d, info = corpus["dir"], corpus["info"]
-    p = run(sys.executable, "-c", _MAIN, d / "c.jsonl", "--tokenizer", corpus["model"], "--out", d / "x.parquet",
+    p = run(sys.executable, "-c", _MAIN, d / "c.jsonl", "--tokenizer", corpus["model"], "--out", d / "x",
             "--block-size", "128", check=False)
     assert p.returncode != 0 and f"c.jsonl: line {info['malformed_lines'][0]}" in p.stderr
-    assert not (d / "x.parquet").exists()
-    p = run(sys.executable, "-c", _MAIN, d / "c.jsonl", "--tokenizer", corpus["model"], "--out", d / "x.parquet",
+    assert not (d / "x").exists() and not build_dir(d / "x").exists()
+    p = run(sys.executable, "-c", _MAIN, d / "c.jsonl", "--tokenizer", corpus["model"], "--out", d / "x",
             "--block-size", "128", "--text-field", "body", check=False)
     assert p.returncode != 0 and "missing field 'body'" in p.stderr and "c.jsonl: line 1" in p.stderr
 

@@ -108,3 +108,58 @@ def test_resume_path_errors(data):
     (d / "half" / "checkpoint-4").mkdir(parents=True)
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         resume_path(d / "half", str(d / "half" / "checkpoint-4"))
+
+
+# the other tasks' trainers: raw data, what `prepare --config` writes from it, and the length
+TASK_RUNS = {"pretrain": ("corpus.jsonl", "blocks.parquet", 64), "dpo": ("pairs.jsonl", "pairs.parquet", 128)}
+
+
+def _task_config(data, name: str, task: str) -> Path:
+    source, path, length = TASK_RUNS[task]
+    cfg = {"task": task, "data": {"source": source, "path": path},
+           "model": {"name": data["model"], "cpu_threads": 1}, "max_seq_length": length, "packing": False,
+           "lora": {"r": 8, "alpha": 16},
+           "trainer": {"max_steps": STEPS, "save_steps": SAVE_EVERY, "learning_rate": 5e-3, "warmup_steps": 2,
+                       "per_device_train_batch_size": 2, "seed": 11, "logging_steps": 1}, "output_dir": name}
+    path = data["dir"] / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def task_data(data):
+    "A generated corpus and preference pairs, prepared by each run's own config."
+    from unsloth_prep.fixtures import write_corpus, write_pairs
+    d = data["dir"]
+    write_corpus(d / "corpus.jsonl", 60, seed=2)
+    write_pairs(d / "pairs.jsonl", 40, seed=2)
+    for task in TASK_RUNS:
+        proc = subprocess.run(CLI + ["prepare", "--config", str(_task_config(data, f"{task}_killed", task))],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    return data
+
+
+@pytest.mark.parametrize("task", list(TASK_RUNS))
+def test_task_kill_and_resume_matches_uninterrupted(task_data, task):
+    """Continued pretraining and DPO killed after a checkpoint and resumed (`train --resume`): the losses after it and
+    the final adapter equal an uninterrupted run's (optimizer, scheduler, RNG and data order come back)."""
+    d = task_data["dir"]
+    killed = _task_config(task_data, f"{task}_killed", task)
+    step = _kill_after_first_checkpoint(killed, d / f"{task}_killed" / "checkpoints")
+    resumed = _train(killed, "--resume")
+    full = _train(_task_config(task_data, f"{task}_full", task))
+    assert resumed["resumed_from"] is not None and full["resumed_from"] is None
+    resumed_step = int(Path(resumed["resumed_from"]).name.split("-")[1])
+    assert step <= resumed_step < STEPS and resumed["steps"] == full["steps"] == STEPS
+    res, ful = ({s: x for s, x in run["loss_curve"]} for run in (resumed, full))
+    assert list(ful) == list(range(1, STEPS + 1)) and len(full["losses"]) == STEPS   # the summary holds the curve
+    after = [s for s in ful if s > resumed_step]
+    assert all(s in res for s in after)
+    loss_gap = max(abs(res[s] - ful[s]) for s in after)
+    w_res, w_full = _weights(resumed["adapter"]), _weights(full["adapter"])
+    assert w_res.keys() == w_full.keys() and len(w_full) > 4
+    weight_gap = max((w_res[k] - w_full[k]).abs().max().item() for k in w_full)
+    print(f"{task}: killed at checkpoint {step}, resumed from {resumed_step}; max |loss diff| {loss_gap:.2e}, "
+          f"max |weight diff| {weight_gap:.2e}")
+    assert loss_gap <= TOL and weight_gap <= TOL

@@ -1,6 +1,7 @@
-"""unsloth_prep.parallel beyond the notebook: sharded prepare equals the single-process output on JSONL ranges, Parquet
-row groups and globs; rejects keep their original file and line; a failing or dying worker fails the run and leaves no
-manifest; the Ray Data engine on a real local cluster gives the same rows."""
+"""unsloth_prep.parallel beyond the notebook: sharded prepare (`pipeline.run_prepare`, what the CLI runs) equals the
+single-process output on JSONL ranges, Parquet row groups and globs; rejects keep their original file and line; a
+failing or dying worker fails the run and leaves no manifest; the Ray Data engine on a real local cluster gives the
+same rows."""
 import json, os, re, sys
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from unsloth_prep.fixtures import tiny_model, write_records
-from unsloth_prep.base import MANIFEST, Progress, shard_paths
-from unsloth_prep.parallel import _run_local, build_dir, rows_digest, run_prepare_sharded
+from unsloth_prep.base import MANIFEST, Progress
+from unsloth_prep.outputs import REJECTS, build_dir, data_files, read_manifest
+from unsloth_prep.parallel import _run_local, plan_work, rows_digest
+from unsloth_prep.pipeline import parse_request, run_prepare
 from unsloth_prep.tokenizer import load_tokenizer
 from unsloth_prep.tokenization import prepare
 
@@ -36,6 +39,13 @@ def _is_record(line):
     except ValueError: return False
 
 
+def run_prepare_sharded(data, tokenizer, out, **options) -> dict:
+    """`prepare` through the pipeline (what the CLI runs): the summary, with the output's manifest under "manifest"."""
+    given = {"data": str(data), "tokenizer": str(tokenizer), "out": str(out), "progress": False, **options}
+    s = run_prepare(*parse_request(given, "python"))
+    return {**s, "manifest": read_manifest(out)}
+
+
 def rejected_lines(manifest):
     """(file name, line) of every reject the manifest lists, in shard order."""
     return [(Path(r["file"]).name, r["line"]) for s in manifest["shards"] for r in s["rejects"]]
@@ -43,54 +53,91 @@ def rejected_lines(manifest):
 
 def test_workers_equal_single_process_jsonl(corpus):
     d = corpus["d"]
+    plan = plan_work([str(d / "in" / "a.jsonl")], 3)
+    assert len(plan) == 3 and plan[1]["parts"][0]["start"] > 0                   # really split into byte ranges
     m = run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "w3", workers=2, shards=3, on_error="skip",
                             max_seq_length=512)
-    assert len(m["shards"]) == 3 and m["shards"][1]["source"]["start"] > 0     # really split into byte ranges
-    assert rows_digest(shard_paths(d / "w3")) == rows_digest(d / "single_a.parquet")
+    assert m["shards"] == 3 and len(m["manifest"]["shards"]) == 3 and len(data_files(d / "w3")) == 3
+    assert rows_digest(data_files(d / "w3")) == rows_digest(d / "single_a.parquet")
     assert [m[k] for k in ("rows", "tokens", "rejected")] == [corpus["single"][k] for k in ("rows", "tokens", "rejected")]
-    assert rejected_lines(m) == [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]]
-    assert m["input"][0]["bytes"] == os.path.getsize(d / "in" / "a.jsonl") and m["settings"]["max_seq_length"] == 512
-    kept = [json.loads(line) for line in (d / "w3" / "_part-00001.rejects.jsonl").read_text().splitlines()]
-    assert [r["line"] for r in kept] == [r["line"] for r in m["shards"][1]["rejects"]]        # rejects kept on disk
+    assert rejected_lines(m["manifest"]) == [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]]
+    assert m["manifest"]["settings"]["max_seq_length"] == 512
+    assert m["rejects"] == str(d / "w3" / REJECTS)
+    kept = [json.loads(line) for line in Path(m["rejects"]).read_text().splitlines()]    # rejects kept on disk,
+    assert [(Path(r["file"]).name, r["line"]) for r in kept] == rejected_lines(m["manifest"])   # in input order
 
 
 def test_glob_and_parquet_row_groups(corpus):
     d = corpus["d"]
     m = run_prepare_sharded(str(d / "in" / "*.jsonl"), corpus["tok"], d / "glob", workers=2, on_error="skip",
                             max_seq_length=512)
-    assert rows_digest(shard_paths(d / "glob" / MANIFEST)) == rows_digest(d / "single_ab.parquet")
+    assert rows_digest(data_files(d / "glob")) == rows_digest(d / "single_ab.parquet")
     want = [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]] + [("b.jsonl", n) for n in corpus["b"]["malformed_lines"]]
-    assert rejected_lines(m) == want
-    m = run_prepare_sharded(d / "a.parquet", corpus["tok"], d / "pq", workers=2, shards=3, max_seq_length=512)
-    groups = [s["source"]["row_groups"] for s in m["shards"]]
+    assert rejected_lines(m["manifest"]) == want
+    plan = plan_work([str(d / "a.parquet")], 3)
+    groups = [p["row_groups"] for s in plan for p in s["parts"]]
     assert len(groups) == 3 and groups[0][0] == 0 and groups[-1][1] == pq.ParquetFile(d / "a.parquet").num_row_groups
     assert all(a[1] == b[0] for a, b in zip(groups, groups[1:]))
-    assert rows_digest(shard_paths(d / "pq")) == rows_digest(d / "single_a.parquet")
+    m = run_prepare_sharded(d / "a.parquet", corpus["tok"], d / "pq", workers=2, shards=3, max_seq_length=512)
+    assert m["shards"] == 3 and len(data_files(d / "pq")) == 3
+    assert rows_digest(data_files(d / "pq")) == rows_digest(d / "single_a.parquet")
 
 
 def test_bad_line_fails_with_original_line_and_keeps_the_previous_output(corpus):
     d = corpus["d"]
     out = d / "fail"
     run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], out, workers=2, on_error="skip")
-    before = (sorted(os.listdir(out)), rows_digest(shard_paths(out)))
+    before = (sorted(os.listdir(out)), rows_digest(data_files(out)))
     with pytest.raises(ValueError) as e:
         run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], out, workers=2)
     msg = str(e.value)
     assert msg.startswith(str(d / "in" / "a.jsonl")) and int(re.search(r"line (\d+)", msg)[1]) in corpus["a"]["malformed_lines"]
-    assert (sorted(os.listdir(out)), rows_digest(shard_paths(out))) == before   # nothing new, the old output whole
+    assert (sorted(os.listdir(out)), rows_digest(data_files(out))) == before   # nothing new, the old output whole
     assert not build_dir(out).exists()   # bad input: nothing to resume, nothing left
 
 
-def die(job, q):
-    """A worker killed without a word (as the kernel's OOM killer does)."""
-    if job["index"] == 1: os._exit(9)
-    q.put(("done", job["index"], {"ok": True}))
+DIE = """import os, sys, time
+from unsloth_prep.base import Progress
+from unsloth_prep.parallel import _run_local
+from unsloth_prep.steps import Step, make_options
+
+class DieStep(Step):
+    "A step whose worker on shard 1 is killed without a word (as the kernel's OOM killer does)."
+    name = "die"
+    def __init__(self, delay): self.delay = delay
+    def run(self, job, state, report=None):
+        if job["index"] == 1:
+            if self.delay: time.sleep(self.delay)
+            os._exit(9)
+        return {"records": 0, "files": []}
+
+if __name__ == "__main__":
+    jobs = [{"index": i, "step": DieStep(float(sys.argv[1])), "opts": make_options({}), "split": "train",
+             "key": str(i), "spec": {"parts": [{"path": f"f{i}"}], "bytes": 0}, "out": f"{i}.parquet",
+             "rejects": f"{i}.jsonl"} for i in range(3)]
+    try: _run_local(jobs, 2, Progress(enabled=False))
+    except RuntimeError as e: sys.exit(str(e))
+"""
 
 
-def test_dead_worker_fails_the_run():
-    jobs = [{"index": i, "spec": {"path": f"f{i}"}} for i in range(3)]
-    with pytest.raises(RuntimeError, match=r"shard 1 \(f1\) failed: WorkerDied: exit code 9"):
-        _run_local(jobs, 2, Progress(enabled=False), target=die)
+def _dead_worker_run(tmp_path, delay: float):
+    "Three jobs in two workers, the worker of job 1 killed `delay` seconds into it; what the parent raised."
+    import subprocess
+    (tmp_path / "die.py").write_text(DIE)
+    try:
+        return subprocess.run([sys.executable, "die.py", str(delay)], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60).stderr
+    except subprocess.TimeoutExpired: return "the run still waits after 60 s"
+
+
+def test_dead_worker_fails_the_run(tmp_path):
+    "A worker killed in the middle of a shard fails the run, naming the shard."
+    assert "shard 1 (f1) failed: WorkerDied: exit code 9" in _dead_worker_run(tmp_path, 1.0)
+
+
+def test_worker_killed_at_once_fails_the_run(tmp_path):
+    "A worker killed the moment it takes a shard fails the run too (no hang)."
+    assert "shard 1 (f1) failed: WorkerDied: exit code 9" in _dead_worker_run(tmp_path, 0.0)
 
 
 def test_progress_quiet_off_terminal(capsys):
@@ -103,13 +150,14 @@ def test_cli_helper_pack(corpus, tmp_path):
     from unsloth_prep.pipeline import prepare_args, prepare_main
     p = prepare_args(argparse.ArgumentParser())
     args = p.parse_args([str(corpus["d"] / "in" / "a.jsonl"), "--tokenizer", str(corpus["tok"]), "--out",
-                         str(tmp_path / "packed.parquet"), "--on-error", "skip", "--workers", "2", "--pack",
+                         str(tmp_path / "packed"), "--on-error", "skip", "--workers", "2", "--pack",
                          "--max-seq-length", "512", "--no-progress", "--rejects", str(tmp_path.parent / "r.jsonl")])
     s = prepare_main(args)
     from unsloth_prep.collators import pack_parquet
     ref = pack_parquet(corpus["d"] / "single_a.parquet", tmp_path / "ref.parquet", 512)
-    assert s["pack"]["rows"] == ref["rows"] and sorted(os.listdir(tmp_path)) == ["packed.parquet", "ref.parquet"]
-    assert pq.read_table(tmp_path / "packed.parquet").equals(pq.read_table(tmp_path / "ref.parquet"))
+    assert s["pack"]["rows"] == ref["rows"] and sorted(os.listdir(tmp_path)) == ["packed", "ref.parquet"]
+    assert s["rows"] == ref["rows"] and (tmp_path.parent / "r.jsonl").exists()
+    assert pq.read_table(data_files(tmp_path / "packed")).equals(pq.read_table(tmp_path / "ref.parquet"))
 
 
 @pytest.fixture(scope="module")
@@ -127,29 +175,37 @@ def test_ray_engine_equals_single_process(corpus, ray_cluster):
     d = corpus["d"]
     m = run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "ray", workers=2, shards=3, on_error="skip",
                             max_seq_length=512, engine="ray", progress=False)
-    assert m["engine"] == "ray" and len(m["shards"]) == 3
-    assert rows_digest(shard_paths(d / "ray")) == rows_digest(d / "single_a.parquet")
-    assert rejected_lines(m) == [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]]
-    assert m["rejected"] == corpus["single"]["rejected"] and all(s["worker"]["pid"] != os.getpid() for s in m["shards"])
+    assert m["engine"] == "ray" and m["shards"] == len(m["manifest"]["shards"]) == 3
+    assert rows_digest(data_files(d / "ray")) == rows_digest(d / "single_a.parquet")
+    assert rejected_lines(m["manifest"]) == [("a.jsonl", n) for n in corpus["a"]["malformed_lines"]]
+    assert m["rejected"] == corpus["single"]["rejected"]
+    assert all(s["worker"]["pid"] != os.getpid() for s in m["manifest"]["shards"])
     with pytest.raises(ValueError, match=r"a\.jsonl: line \d+"):
         run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "ray_fail", workers=2, engine="ray", progress=False)
-    assert not (d / "ray_fail" / MANIFEST).exists()
+    assert not (d / "ray_fail" / MANIFEST).exists() and not build_dir(d / "ray_fail").exists()
 
 
 def test_ray_convert_equals_one_process(corpus, ray_cluster):
+    import argparse
     from unsloth_prep.convert import convert
-    from unsloth_prep.parallel import run_convert_sharded
+    from unsloth_prep.pipeline import convert_args, convert_main
     d = corpus["d"]
     one = convert(d / "in" / "a.jsonl", d / "conv_one.parquet", progress=False)
-    m = run_convert_sharded(d / "in" / "a.jsonl", d / "conv_ray", workers=2, shards=3, engine="ray", progress=False)
-    assert (m["engine"], m["shards"]) == ("ray", 3)
-    assert pq.read_table(shard_paths(d / "conv_ray")).equals(pq.read_table(d / "conv_one.parquet"))
+    parser = argparse.ArgumentParser()
+    convert_args(parser)
+    args = parser.parse_args(
+        [str(d / "in" / "a.jsonl"), "--out", str(d / "conv_ray"), "--workers", "2", "--shards", "3", "--engine", "ray",
+         "--no-progress"])
+    m = convert_main(args)
+    assert (m["engine"], m["shards"]) == ("ray", 3) and len(data_files(d / "conv_ray")) == 3
+    assert pq.read_table(data_files(d / "conv_ray")).equals(pq.read_table(d / "conv_one.parquet"))
+    assert m["rejects"] == str(d / "conv_ray" / REJECTS)
     assert Path(m["rejects"]).read_bytes() == Path(one["rejects"]).read_bytes()
     assert one["first_rejected_lines"] == corpus["a"]["malformed_lines"][:20] == m["first_rejected_lines"]
 
 
 def test_convert_workers_cli(corpus, tmp_path):
-    "`convert --workers 2` from the shell: the report and a shard folder; --strict exits 2 naming file and line."
+    "`convert --workers 2` from the shell: the report and an output folder; --strict exits 2 naming file and line."
     import subprocess
     src = corpus["d"] / "in" / "a.jsonl"
     main = "import sys; from unsloth_prep.cli import main; sys.exit(main())"
@@ -158,13 +214,16 @@ def test_convert_workers_cli(corpus, tmp_path):
     p = run(tmp_path / "conv")
     s = json.loads(p.stdout.splitlines()[-1])
     assert p.returncode == 0 and (s["shards"], s["rejected"]) == (2, corpus["a"]["malformed"])
-    assert sorted(os.listdir(tmp_path)) == ["conv", "conv.rejects.jsonl"]
+    assert sorted(os.listdir(tmp_path)) == ["conv"] and len(data_files(tmp_path / "conv")) == 2
+    assert len((tmp_path / "conv" / REJECTS).read_text().splitlines()) == corpus["a"]["malformed"]
     p = run(tmp_path / "strict", "--strict")
     first = corpus["a"]["malformed_lines"][0]
     assert p.returncode == 2 and f"a.jsonl: line {first}:" in p.stderr and "Traceback" not in p.stderr
-    assert not (tmp_path / "strict").exists() and sorted(os.listdir(tmp_path)) == ["conv", "conv.rejects.jsonl"]
-    p = run(tmp_path / "rpf", "--rows-per-file", "10")
-    assert p.returncode == 2 and "--rows-per-file" in p.stderr
+    assert not (tmp_path / "strict").exists() and sorted(os.listdir(tmp_path)) == ["conv"]
+    p = run(tmp_path / "rpf", "--rows-per-file", "10")    # honoured with workers: no file over 10 rows, no row lost
+    rows = [pq.ParquetFile(f).metadata.num_rows for f in data_files(tmp_path / "rpf")]
+    assert p.returncode == 0 and max(rows) <= 10 and sum(rows) == s["rows"] == json.loads(p.stdout.splitlines()[-1])["rows"]
+    assert pq.read_table(data_files(tmp_path / "rpf")).equals(pq.read_table(data_files(tmp_path / "conv")))
 
 
 def test_prepare_and_stats_progress_count_megabytes(corpus, tmp_path, capsys):

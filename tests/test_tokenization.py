@@ -9,6 +9,8 @@ import pytest
 from unsloth_prep.fixtures import iter_records, tiny_model, write_records
 from unsloth_prep.tokenization import (TokenizeCounts, length_stats, tokenize_conversation, tokenize_dataset, verify_labels)
 from unsloth_prep.tokenizer import load_tokenizer
+from unsloth_prep.base import MANIFEST
+from unsloth_prep.outputs import README, REJECTS, data_files
 from clitools import last_json, run
 
 
@@ -72,12 +74,13 @@ def data(tmp_path_factory):
 
 def test_prepare_cli(model, data, tmp_path, tok):
     path, info = data
-    out = tmp_path / "sub" / "train.parquet"
+    out = tmp_path / "sub" / "train"
     s = last_json(run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, "--max-seq-length", 512,
                       "--on-error", "skip"))
-    assert s["rejected"] == info["malformed"] and s["records"] + s["rejected"] == info["lines"]
-    assert s["rows"] + s["dropped"] == s["records"] and s["dropped_reasons"]["response_too_long"] >= 5
-    t = pq.read_table(out)
+    # `records` counts every record read, the rejected (malformed) lines included
+    assert s["rejected"] == info["malformed"] and s["records"] == info["lines"] - info["blank"]
+    assert s["rows"] + s["dropped"] + s["rejected"] == s["records"] and s["dropped_reasons"]["response_too_long"] >= 5
+    t = pq.read_table(data_files(out))
     assert t.column_names == ["input_ids", "attention_mask", "labels"] and t.num_rows == s["rows"]
     rows = t.to_pylist()
     assert max(len(r["input_ids"]) for r in rows) <= 512
@@ -86,19 +89,21 @@ def test_prepare_cli(model, data, tmp_path, tok):
     rep = verify_labels(rows, tok)
     assert rep.ok, rep
     assert check_trained_text(rows, source_conversations(path), tok) == s["rows"]
-    assert sorted(p.name for p in out.parent.iterdir()) == ["train.parquet", "train.rejects.jsonl"], "temp file left"
-    assert len((out.parent / "train.rejects.jsonl").read_text().splitlines()) == s["rejected"] == Path(s["rejects"]).read_text().count("\n")
+    assert sorted(p.name for p in out.parent.iterdir()) == ["train"], "temp file left"
+    assert sorted(p.name for p in out.iterdir()) == sorted([MANIFEST, README, REJECTS, *(Path(f).name for f in s["files"])])
+    assert s["rejects"] == str(out / REJECTS)
+    assert len((out / REJECTS).read_text().splitlines()) == s["rejected"] == Path(s["rejects"]).read_text().count("\n")
 
 
 def test_prepare_cli_errors(model, data, tmp_path):
     path, _ = data
-    out = tmp_path / "x.parquet"
+    out = tmp_path / "x"
     p = run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, check=False)
     assert p.returncode == 2 and str(path) in p.stderr + p.stdout and "line" in p.stderr + p.stdout
     p = run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, "--max-seq-length", 64,
             "--on-overflow", "raise", "--on-error", "skip", check=False)
     assert p.returncode == 2 and "row" in p.stderr + p.stdout and "max_seq_length=64" in p.stderr + p.stdout
-    assert not out.exists() and not list(tmp_path.glob(".x.parquet*")), "no half-written output"
+    assert not out.exists() and not list(tmp_path.glob(".x*")), "no half-written output"
     p = run("unsloth-prep", "prepare", path, "--tokenizer", model, "--out", out, "--template", "no-such-template",
             "--on-error", "skip", check=False)
     assert p.returncode == 2 and "no-such-template" in p.stderr + p.stdout
@@ -194,7 +199,7 @@ def test_huge_record_memory_bounded(model, tmp_path):
     write_records(big, n=200, fmt="openai", seed=1, huge_every=2)  # 100 records of 200k chars
     peaks = {}
     for name, p in (("small", small), ("big", big)):
-        s = last_json(run("unsloth-prep", "prepare", p, "--tokenizer", model, "--out", tmp_path / f"{name}.parquet",
+        s = last_json(run("unsloth-prep", "prepare", p, "--tokenizer", model, "--out", tmp_path / name,
                           "--max-seq-length", 1024, "--batch-size", 100))
         peaks[name] = s["peak_rss_mb"]
     assert s["dropped_reasons"]["response_too_long"] >= 100
@@ -205,7 +210,7 @@ def test_tokenizer_errors_cli(data, tmp_path, model):
     """A missing folder, a Hub name offline, a folder without chat template: exit 2, one line, no traceback."""
     import os
     path, _ = data
-    out = tmp_path / "x.parquet"
+    out = tmp_path / "x"
     p = run("unsloth-prep", "prepare", path, "--tokenizer", "/no/such/dir", "--out", out, check=False)
     assert p.returncode == 2 and "/no/such/dir: no such tokenizer folder" in p.stderr and "Traceback" not in p.stderr
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -219,7 +224,7 @@ def test_tokenizer_errors_cli(data, tmp_path, model):
     (bare / "tokenizer_config.json").write_text(json.dumps({k: v for k, v in cfg.items() if k != "chat_template"}))
     p = run("unsloth-prep", "prepare", path, "--tokenizer", bare, "--out", out, check=False)
     assert p.returncode == 2 and "no chat template" in p.stderr and "--template llama-3.1" in p.stderr
-    assert "Traceback" not in p.stderr and not out.exists()
+    assert "Traceback" not in p.stderr and not out.exists() and not list(tmp_path.glob(".x*"))
 
 
 def test_loss_weight_masks_answers(tok, tmp_path):

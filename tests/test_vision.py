@@ -240,17 +240,19 @@ def test_tiny_qwen2_vl_trains_on_cpu(work, tmp_path):
 
 
 def test_prepare_command_with_a_processor_folder(work, tmp_path):
-    from clitools import last_json, run
+    from clitools import last_json, read_rows, run
     from unsloth_prep.fixtures import tiny_model
     data = run("unsloth-prep", "generate", tmp_path / "vis", "--n", "7", "--format", "vision", "--seed", "3")
     assert last_json(data)["records"] == 7
     src = tmp_path / "vis" / "vision.json"
-    one = last_json(run("unsloth-prep", "prepare", src, "--tokenizer", work["proc"], "--out", tmp_path / "a.parquet"))
-    two = last_json(run("unsloth-prep", "prepare", src, "--tokenizer", work["proc"], "--out", tmp_path / "b.parquet",
+    one = last_json(run("unsloth-prep", "prepare", src, "--tokenizer", work["proc"], "--out", tmp_path / "a"))
+    two = last_json(run("unsloth-prep", "prepare", src, "--tokenizer", work["proc"], "--out", tmp_path / "b",
                         "--workers", "2", "--shards", "3"))
     assert (one["rows"], one["images"]) == (7, last_json(data)["images"]) and one["image_tokens"] > 0
     assert {k: two[k] for k in ("rows", "images", "image_tokens", "tokens")} == \
         {k: one[k] for k in ("rows", "images", "image_tokens", "tokens")}
-    assert pq.read_table(tmp_path / "a.parquet").to_pylist() == pq.read_table(tmp_path / "b.parquet").to_pylist()
-    bad = run("unsloth-prep", "prepare", src, "--tokenizer", tiny_model(), "--out", tmp_path / "c.parquet", check=False)
+    rows = read_rows(tmp_path / "a")
+    assert len(rows) == 7 and rows == read_rows(tmp_path / "b")
+    bad = run("unsloth-prep", "prepare", src, "--tokenizer", tiny_model(), "--out", tmp_path / "c", check=False)
     assert bad.returncode == 2 and "images" in bad.stderr and "Traceback" not in bad.stderr
+    assert not (tmp_path / "c").exists()

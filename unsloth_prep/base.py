@@ -12,9 +12,9 @@ import orjson
 MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it when reading the folder
 
 # %% auto #0
-__all__ = ['MANIFEST', 'positive_int', 'nonneg_int', 'positive_float', 'TOKEN_PARQUET', 'atomic_path', 'clean_dead',
-           'default_rejects_path', 'check_paths', 'fraction', 'bytes_read', 'Progress', 'input_bytes', 'progress_iter',
-           'progress_args', 'round_up', 'record_key', 'ParquetSink', 'shard_paths', 'prepared_settings']
+__all__ = ['MANIFEST', 'CLOUD_EXTRA', 'positive_int', 'nonneg_int', 'positive_float', 'TOKEN_PARQUET', 'atomic_path',
+           'clean_dead', 'default_rejects_path', 'check_paths', 'is_url', 'url_fs', 'fraction', 'bytes_read',
+           'Progress', 'input_bytes', 'progress_iter', 'progress_args', 'round_up', 'record_key', 'ParquetSink']
 
 # %% ../nbs/00a_base.ipynb #519b6d9a
 @contextmanager
@@ -68,6 +68,25 @@ def check_paths(inputs, outputs):
         for i in ins:
             if o == i or i.is_relative_to(o) or (o.is_relative_to(i) and i.is_dir()):
                 raise ValueError(f"{out}: this output would overwrite the input {i}; choose another path")
+
+# %% ../nbs/00a_base.ipynb #13abbc72
+import re
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*(::[A-Za-z][A-Za-z0-9+.-]*)*://")
+CLOUD_EXTRA = 'pip install "unsloth_prep[cloud]"'
+
+def is_url(path) -> bool:
+    "True for a URL (`s3://`, `gs://`, `az://`, `abfs://`, `hf://`, `file://`, `memory://`, ...), not a local path."
+    return isinstance(path, str) and _SCHEME.match(path) is not None
+
+def url_fs(url: str) -> tuple:
+    """`(filesystem, path inside it)` of a URL, by fsspec, with credentials and endpoint from the environment; a
+    scheme whose package is not installed, or that fsspec does not know, is a ValueError naming the URL."""
+    import fsspec
+    scheme = url.split("://", 1)[0]
+    try: return fsspec.core.url_to_fs(url)
+    except ImportError as e:
+        raise ValueError(f"{url}: {scheme}:// needs its filesystem package ({e}): {CLOUD_EXTRA}") from None
+    except ValueError as e: raise ValueError(f"{url}: not a URL scheme fsspec knows ({e})") from None
 
 # %% ../nbs/00a_base.ipynb #60ec4fda
 def _number(kind, low, inclusive: bool, what: str):
@@ -153,16 +172,28 @@ def __enter__(self: Progress): return self
 @patch
 def __exit__(self: Progress, *exc): self.close()
 
-# %% ../nbs/00a_base.ipynb #57f7c442
+# %% ../nbs/00a_base.ipynb #4f66f444
 def _sizes(item) -> list[int] | None:
-    "Sizes of the files one path, glob or folder names; None if it names none."
+    "Sizes of the files one path, glob, folder or URL names; None if it names none."
     s = str(item)
+    if is_url(s): return _url_sizes(s)
     paths = _glob.glob(s, recursive=True) if any(c in s for c in "*?[") else [s]
     out = []
     for p in paths:
         if os.path.isdir(p): out += [f.stat().st_size for f in Path(p).iterdir() if f.is_file()]
         elif os.path.isfile(p): out.append(os.path.getsize(p))
     return out or None
+
+def _url_sizes(url: str) -> list[int] | None:
+    "Sizes of the objects a URL, URL glob or URL folder names, from one listing; None if none (or unreadable)."
+    fs, p = url_fs(url)
+    try:
+        if any(c in p for c in "*?["): infos = list(fs.glob(p, detail=True).values())
+        else:
+            infos = [fs.info(p)]
+            if infos[0]["type"] == "directory": infos = fs.ls(p, detail=True)
+    except Exception: return None                 # the reader names what is wrong; a progress bar never fails
+    return [i["size"] for i in infos if i.get("type") == "file"] or None
 
 def input_bytes(data) -> int | None:
     "Size of the input files that `data` names (a path, glob, folder or a list of them); None for records in memory."
@@ -236,29 +267,3 @@ def __exit__(self: ParquetSink, *exc):
 
 # %% ../nbs/00a_base.ipynb #ca3ef994
 TOKEN_PARQUET = dict(compression="zstd", compression_level=1, use_dictionary=True)  # how token columns are written
-
-# %% ../nbs/00a_base.ipynb #4fa49cf3
-def shard_paths(path) -> list[Path]:
-    "Parquet files of a prepared output in order: the file itself, or the shards of a manifest (or its folder)."
-    p = Path(path)
-    if p.is_dir():
-        if not (p / MANIFEST).exists():
-            raise ValueError(f"{p}: no {MANIFEST}, so the shard set is incomplete (a run failed or is still going)")
-        p = p / MANIFEST
-    if not p.exists(): raise FileNotFoundError(f"{p}: no such file")
-    if p.suffix != ".json": return [p]
-    m = json.loads(p.read_text())
-    files = [p.parent / s["path"] for s in m["shards"]]
-    missing = [str(f) for f in files if not f.exists()]
-    if missing: raise ValueError(f"{p}: shard files missing: {', '.join(missing[:5])}")
-    return files
-
-def prepared_settings(path) -> dict | None:
-    "The settings a prepared output records: a shard folder's manifest, or a Parquet file's `unsloth_prep` metadata."
-    files = shard_paths(path)
-    p = Path(path)
-    if p.is_dir() or p.suffix == ".json":
-        return json.loads(((p / MANIFEST) if p.is_dir() else p).read_text()).get("settings")
-    import pyarrow.parquet as pq
-    meta = pq.read_schema(files[0]).metadata or {}
-    return json.loads(meta[b"unsloth_prep"]) if b"unsloth_prep" in meta else None

@@ -16,8 +16,8 @@ from .memory import MB, own_peak_mb
 from .base import check_paths
 
 # %% auto #0
-__all__ = ['iter_line_blocks', 'scan_lines', 'merge_types', 'merge_schema', 'to_json_text', 'conform', 'Inexact', 'ConvertState',
-           'parse_block', 'PartWriter', 'convert', 'parquet_files', 'load_parquet']
+__all__ = ['CODECS', 'iter_line_blocks', 'scan_lines', 'merge_types', 'merge_schema', 'to_json_text', 'conform', 'Inexact',
+           'ConvertState', 'parse_block', 'PartWriter', 'convert', 'parquet_files', 'load_parquet', 'ConvertStep']
 
 # %% ../nbs/03_convert.ipynb #01f86acd
 def iter_line_blocks(path, block_bytes: int = 2 << 20, start: int = 0, end: int | None = None):
@@ -626,11 +626,13 @@ def _finish(tmp, dst, parts, rows_per_file) -> list:
     os.replace(parts[0][0], dst)
     return [dst]
 
-# %% ../nbs/03_convert.ipynb #0f19db9e
+# %% ../nbs/03_convert.ipynb #4aca8855
+from unsloth_prep.loading import file_size, is_url       # `src` may be a URL: read through the same opener
+
 def _check_convert_args(src: Path, dst: Path, fmt: str, overwrite: bool, compression: str = "zstd",
                         level: int | None = None) -> str:
-    "The layout to read `src` as, once source, destination and codec are known to be usable (errors name them)."
-    if src.is_dir(): raise ValueError(f"{src}: is a directory; convert takes one JSONL or JSON array file")
+    "The layout to read `src` (a path or a URL) as, once source, destination and codec are known to be usable."
+    if os.path.isdir(src): raise ValueError(f"{src}: is a directory; convert takes one JSONL or JSON array file")
     check_file(src)                                  # a pipe, FIFO or device: refused by name, never half read
     if dst.exists() and not overwrite: raise ValueError(f"{dst} exists (pass overwrite=True / --overwrite)")
     _check_codec(compression, level)
@@ -666,7 +668,7 @@ def _settle(parts, st, tmp, new_writer, compression) -> list:
         parts = [[tmp / "out" / "part-00000.parquet", st.schema, 0]]
     return parts
 
-# %% ../nbs/03_convert.ipynb #e34c6d6c
+# %% ../nbs/03_convert.ipynb #71ec2f18
 def _exact_or_text(parts, st):
     "Make JSON text of every field whose integers in an earlier part the final float type could not hold exactly."
     for path, schema, _ in parts:
@@ -684,7 +686,7 @@ def _source(src: Path, fmt: str, block_bytes: int, byte_range) -> tuple:
     start, end = byte_range or (0, None)
     if byte_range and compression_of(src):
         raise ValueError(f"{src}: a compressed file cannot be converted by byte range")
-    size = (end or src.stat().st_size) - start
+    size = (end or file_size(src)) - start
     if fmt == "json_array":
         first = array_bounds(src, [start], check=False) if start else [(0, 1)]
         if not first or first[0][0] != start: raise ValueError(f"{src}: byte {start} is not where an element starts")
@@ -701,15 +703,15 @@ def _summary(st, secs, size, fmt, dst, files, rejects) -> dict:
                 output_bytes=sum(Path(f).stat().st_size for f in files), blocks=st.blocks,
                 slow_blocks=st.slow_blocks, columns=[f"{f.name}: {f.type}" for f in st.schema])
 
-# %% ../nbs/03_convert.ipynb #58c6c9c0
+# %% ../nbs/03_convert.ipynb #b3ec491e
 def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | None = None, compression: str = "zstd",
             compression_level: int | None = None, row_group_rows: int = 100_000, row_group_mb: float = 4,
             block_mb: float = 2, fmt: str = "auto", overwrite: bool = False, progress=True,
             use_dictionary="auto", parquet_options: dict | None = None, byte_range: tuple | None = None) -> dict:
     """Convert a JSONL file or JSON array `src` to Parquet `dst` (a folder of parts with `rows_per_file`) in bounded
     memory; return the summary. `progress`: a bar on stderr, or a callable `(rows, nbytes)`; `byte_range`: `(start,
-    end)` of an uncompressed JSONL file, starting at a line (lines keep their numbers in the whole file)."""
-    t0, src, dst = time.perf_counter(), Path(src), Path(dst)
+    end)` of an uncompressed file starting at a line or at an array element (numbered as in the whole file)."""
+    t0, src, dst = time.perf_counter(), src if is_url(src) else Path(src), Path(dst)
     fmt = _check_convert_args(src, dst, fmt, overwrite, compression, compression_level)
     rejects = Path(rejects) if rejects else default_rejects_path(dst)
     check_paths([src], [dst, rejects])                   # an output or rejects file never replaces the input
@@ -726,7 +728,7 @@ def convert(src, dst, rejects=None, strict: bool = False, rows_per_file: int | N
     try:
         from tqdm import tqdm
         total = None if compression_of(src) else size   # progress counts uncompressed bytes
-        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert {src.name}",
+        bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"convert {Path(str(src)).name}",
                    disable=not progress or report is not None, mininterval=0.5)
         with open(tmp / "rejects.jsonl", "wb") as rfh, bar:
             st = ConvertState(rfh, strict, str(src), "line" if fmt == "jsonl" else "element")
@@ -757,3 +759,98 @@ def load_parquet(path, streaming: bool = False, cache_dir=None):
     from datasets import load_dataset
     return load_dataset("parquet", data_files=parquet_files(path), split="train", streaming=streaming,
                         cache_dir=cache_dir)
+
+# %% ../nbs/03_convert.ipynb #c3cfff2e
+from fastcore.basics import patch
+from .base import positive_float, positive_int
+from .steps import Step, declare, register
+CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
+declare("syntax", "--syntax", "--format", default="auto", choices=("auto", "jsonl", "json_array"),
+        help="file syntax: JSON Lines or one JSON array (--format elsewhere is the record format)")
+declare("compression", default="zstd", choices=CODECS, help="Parquet codec")
+declare("compression_level", parse=int, help="codec level (zstd: 1-22)")
+declare("batch_rows", parse=positive_int, default=100_000, help="max rows per row group")
+declare("row_group_mb", parse=positive_float, default=4, help="max in-memory MB per row group")
+declare("block_mb", parse=positive_float, default=2, help="input block size in MB")
+declare("rows_per_file", parse=positive_int, help="at most N rows per output file")
+
+# %% ../nbs/03_convert.ipynb #604a9384
+def _convert_kw(o) -> dict:
+    "`convert`'s keywords from the options."
+    return dict(strict=o.on_error == "raise", rows_per_file=o.rows_per_file, compression=o.compression,
+                compression_level=o.compression_level, row_group_rows=o.batch_rows, row_group_mb=o.row_group_mb,
+                block_mb=o.block_mb, fmt=o.syntax)
+
+def _join_files(files: list, dst) -> None:
+    "Concatenate `files` (those that exist) into `dst`, then remove them."
+    with open(dst, "ab") as out:
+        for f in files:
+            if Path(f).exists():
+                with open(f, "rb") as src: shutil.copyfileobj(src, out)
+                os.remove(f)
+
+# %% ../nbs/03_convert.ipynb #0b1f6c79
+class ConvertStep(Step):
+    "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
+    name, command, columns = "convert", "convert", ()
+    options = ("syntax", "compression", "compression_level", "batch_rows", "row_group_mb", "block_mb", "rows_per_file")
+    sums = ("rows", "rejected", "blank", "lines", "input_bytes", "blocks", "slow_blocks")
+
+    def run(self, job: dict, state=None, report=None) -> dict:
+        "Convert each piece of one shard into its own Parquet file(s); the counts summed."
+        parts, out, files, got = job["spec"]["parts"], Path(job["out"]), [], []
+        for k, p in enumerate(parts):
+            rng = (p["start"], p["end"]) if p.get("start") or p.get("end") is not None else None
+            dst = out.with_name(f"{out.stem}-{k:04d}" + ("" if job["opts"].rows_per_file else ".parquet"))
+            r = convert(p["path"], dst, rejects=f"{job['rejects']}.{k}", byte_range=rng, overwrite=True,
+                        progress=report or False, **_convert_kw(job["opts"]))
+            files += r["files"]
+            got.append(r)
+        _join_files([f"{job['rejects']}.{k}" for k in range(len(parts))], job["rejects"])
+        s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes", "blocks",
+                                                  "slow_blocks")}
+        return {**s, "files": files, "coerced": _summed(r["coerced"] for r in got),
+                "json_text_fields": sorted({f for r in got for f in r["json_text_fields"]}),
+                "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20],
+                "format": got[0]["format"],
+                "rejects": [{"line": n} for r in got for n in r["first_rejected_lines"]][:20]}
+
+def _summed(dicts) -> dict:
+    "Counts of several dicts added per key."
+    out = {}
+    for d in dicts:
+        for k, v in d.items(): out[k] = out.get(k, 0) + v
+    return out
+
+# %% ../nbs/03_convert.ipynb #1954cdda
+def _common_schema(files: list, text_fields: set):
+    "The parts' schemas merged in input order with the drift rule."
+    schema = None
+    for f in files: schema = merge_schema(schema, pq.read_schema(f), text_fields)
+    return schema
+
+def _conform_file(path, schema, text_fields: set, coerced: dict, o):
+    "Rewrite one part on `schema`, row group by row group, unless it is on it already."
+    with pq.ParquetFile(path) as pf:
+        if pf.schema_arrow.equals(schema): return
+        folder = Path(f"{path}.conform")
+        folder.mkdir()
+        w = PartWriter(folder, None, o.batch_rows, o.row_group_mb, compression=o.compression,
+                       compression_level=o.compression_level)
+        for i in range(pf.num_row_groups): w.write(conform(pf.read_row_group(i), schema, text_fields, coerced))
+        parts = w.close()
+    if parts: os.replace(parts[0][0], path)
+    else: pq.write_table(schema.empty_table(), path)
+    shutil.rmtree(folder)
+
+@patch
+def finish(self: ConvertStep, parts: list, build, split: str, opts, summaries=None):
+    "The parts on one schema (input order, drift rule); the coercions and the columns."
+    text_fields = set().union(*(s["json_text_fields"] for s in summaries))
+    coerced = _summed(s["coerced"] for s in summaries)
+    schema = _common_schema(parts, text_fields)
+    for p in parts: _conform_file(p, schema, text_fields, coerced, opts)
+    return parts, {"coerced": coerced, "json_text_fields": sorted(text_fields),
+                   "columns": [f"{f.name}: {f.type}" for f in schema]}
+
+register(ConvertStep())

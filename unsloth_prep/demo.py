@@ -8,13 +8,22 @@ import json, subprocess, sys, time
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['CLI', 'TASK_TRAINING', 'VISION_MODEL_CMD', 'DEMO_TASKS', 'run_stage', 'plot_stages', 'write_demo_report',
-           'train_config', 'demo_args', 'demo_main', 'run_demo']
+__all__ = ['CLI', 'TASK_TRAINING', 'VISION_MODEL_CMD', 'DEMO_TASKS', 'python_cmd', 'run_stage', 'plot_stages',
+           'write_demo_report', 'train_config', 'demo_args', 'demo_main', 'run_demo']
 
-# %% ../nbs/09_demo.ipynb #6901fb50
+# %% ../nbs/09_demo.ipynb #a4e43397
+# `python -c` puts the folder it runs in first on `sys.path`: a clone named `unsloth_prep` there would be imported
+# instead of the installed package. A stage drops that entry before it imports anything (`-P` needs Python 3.11).
+_INSTALLED_ONLY = "import sys; sys.path[:] = [p for p in sys.path if p != '']; "
+
+def python_cmd(code: str) -> list:
+    "A fresh Python process running `code` with the installed package, whatever folder it runs in."
+    return [sys.executable, "-c", _INSTALLED_ONLY + code]
+
+# %% ../nbs/09_demo.ipynb #63252de6
 # the `unsloth-prep` entry point, with `export` registered where the command table does not list it yet
-CLI = [sys.executable, "-c", "import sys; from unsloth_prep import cli; cli.COMMANDS.setdefault('export', "
-       "('unsloth_prep.lifecycle', 'merge a LoRA run into its base model')); sys.exit(cli.main())"]
+CLI = python_cmd("from unsloth_prep import cli; cli.COMMANDS.setdefault('export', "
+                 "('unsloth_prep.export', 'merge a LoRA run into its base model')); sys.exit(cli.main())")
 
 
 def run_stage(name: str, argv: list, out_dir: Path, ok_codes=(0,), cmd: list | None = None) -> dict:
@@ -83,7 +92,7 @@ TASK_TRAINING = {  # what a `dpo`, `pretrain` or `vision` run changes in the dem
                "trainer": {"learning_rate": 1e-2, "warmup_steps": 0}},
 }
 
-# %% ../nbs/09_demo.ipynb #3845c907
+# %% ../nbs/09_demo.ipynb #fa2cc4fb
 def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: int, task: str = "sft",
                  source: Path | None = None) -> Path:
     "Write the YAML config the demo prepares (`prepare --config`) and trains from: the same file a user would write."
@@ -98,8 +107,8 @@ def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: 
            "lora": {"r": 16, "alpha": 32, "modules_to_save": ["lm_head"]}, "output_dir": str(out / "run"),
            "trainer": {"max_steps": steps, "learning_rate": 1e-2, "warmup_steps": 2, "per_device_train_batch_size": 4,
                        "logging_steps": 1}}
-    if task != "sft":
-        change = TASK_TRAINING[task]
+    change = TASK_TRAINING.get(task)
+    if change:
         cfg |= {"task": task, **{k: v for k, v in change.items() if k != "trainer"}}
         cfg["trainer"] |= change["trainer"]
     path = out / "train.yaml"
@@ -164,15 +173,15 @@ def _pretrain_pipeline(stage, out: Path, records: int, seed: int, max_seq_length
     return {"data": str(raw), "blocks": str(blocks), "rejects": prep.get("rejects"), "model": model,
             "adapter": trained.get("adapter"), "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #c29be722
-VISION_MODEL_CMD = [sys.executable, "-c", """
+# %% ../nbs/09_demo.ipynb #b12daa82
+VISION_MODEL_CMD = python_cmd("""
 import json, resource, time
 t0 = time.perf_counter()
 from unsloth_prep.fixtures import tiny_vision_model
 path = tiny_vision_model()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"path": str(path), "seconds": round(time.perf_counter() - t0, 3), "peak_rss_mb": round(peak, 1)}))
-"""]  # the tiny vision model + its processor folder, built once into the cache folder and reused
+""")  # the tiny vision model + its processor folder, built once into the cache folder and reused
 
 # %% ../nbs/09_demo.ipynb #bdbc0834
 def _vision_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
@@ -198,19 +207,21 @@ DEMO_TASKS = {  # task: (its stages, generated records, max_seq_length / block s
     "vision": (_vision_pipeline, 64, 256, 12),
 }
 
-# %% ../nbs/09_demo.ipynb #1a254f31
+# %% ../nbs/09_demo.ipynb #14ac03de
 def _loss_curve(trained: dict) -> list:
-    "The logged (step, loss) pairs of a train summary: its report's curve, its `losses` (one a step), or first/final."
+    "The logged (step, loss) pairs of a train summary: its report's curve, its own, its `losses` (one a step)."
+    if trained.get("loss_curve"): return [list(p) for p in trained["loss_curve"]]
     if trained.get("report"):
         return [list(p) for p in json.loads(Path(trained["report"]).read_text()).get("loss_curve", [])]
     if trained.get("losses"):
         return [[i + 1, loss] for i, loss in enumerate(trained["losses"])]
     return [[1, trained.get("first_loss")], [trained.get("steps"), trained.get("final_loss")]]
 
-# %% ../nbs/09_demo.ipynb #e69b8cad
+# %% ../nbs/09_demo.ipynb #7dbc7b8f
 def demo_args(p):
     "Arguments of `unsloth-prep demo`."
-    p.add_argument("--out", default="demo_out", help="output folder for data, model links, logs and the report")
+    p.add_argument("--out", default="demo_out", help="output folder: each task writes its data, logs and report "
+                   "into its own subfolder, OUT/TASK")
     p.add_argument("--task", default="sft", choices=list(DEMO_TASKS), help="what the demo prepares data for and trains")
     p.add_argument("--records", type=int, default=None, help="generated records (default: sft 2000, dpo 200, "
                    "pretrain 300, vision 64)")
@@ -233,14 +244,14 @@ def _merged(exported: dict | None) -> dict | None:
     return {"folder": exported["out"], "size_mb": exported["size_mb"], "dtype": exported["dtype"],
             "method": exported["method"], "generated": exported["check"]["generated"]}
 
-# %% ../nbs/09_demo.ipynb #d9e29c8a
+# %% ../nbs/09_demo.ipynb #52438bdd
 def run_demo(out_dir="demo_out", records: int | None = None, seed: int = 0, max_seq_length: int | None = None,
              steps: int | None = None, task: str = "sft") -> dict:
     "Run the whole pipeline for `task` on generated data, one fresh process per stage; return the summary."
     pipeline, *defaults = DEMO_TASKS[task]
     records, max_seq_length, steps = [v if v is not None else d for v, d in zip((records, max_seq_length, steps),
                                                                                   defaults)]
-    out = Path(out_dir).resolve()
+    out = Path(out_dir).resolve() / task       # each task its own folder: data, model links, logs, report
     out.mkdir(parents=True, exist_ok=True)
     t0, stages = time.perf_counter(), {}
 

@@ -519,7 +519,7 @@ def write_clean(data, out, fmt: str = "auto", mapping: dict | None = None) -> di
             "duplicate")
     return {"out": str(out), "format": fmt, **{k: counts[k] for k in keys}}
 
-# %% ../nbs/08_doctor.ipynb #26c76cff
+# %% ../nbs/08_doctor.ipynb #1549ef62
 def doctor_args(parser):
     "Arguments of `unsloth-prep doctor`."
     parser.add_argument("data", help="data file, folder or glob (JSONL, JSON array, CSV, Parquet; raw or tokenized)")
@@ -533,15 +533,19 @@ def doctor_args(parser):
     parser.add_argument("--train-on", default="all-assistant", choices=("all-assistant", "last-assistant"))
     parser.add_argument("--write-clean", default=None, metavar="OUT", help="write a copy without the flagged records")
     parser.add_argument("--rejects", default=None, help="write every malformed line (file, line, error, raw) as JSONL")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --rejects / --write-clean file")
     from unsloth_prep.base import progress_args  # --no-progress
     progress_args(parser)
     return parser
 
-# %% ../nbs/08_doctor.ipynb #b99bc577
+# %% ../nbs/08_doctor.ipynb #ebf0bc6c
 def doctor_main(args) -> dict:
     "Run `doctor`, print the report; summary with errors, warnings, codes, findings and `exit_code` (1 when errors)."
-    outputs = [p for p in (args.rejects, args.write_clean) if p]
-    check_paths(_inputs(args.data) + ([args.config] if args.config else []), outputs)
+    from unsloth_prep.outputs import check_output
+    outputs = [(o, p) for o, p in (("--rejects", args.rejects), ("--write-clean", args.write_clean)) if p]
+    inputs = _inputs(args.data) + [p for p in (args.config, args.tokenizer) if p and os.path.exists(p)]
+    for option, p in outputs: check_output(p, inputs, args.overwrite, option, folder=False)
+    outputs = [p for _, p in outputs]
     if len(outputs) == 2 and os.path.realpath(outputs[0]) == os.path.realpath(outputs[1]):
         raise ValueError(f"{args.rejects}: --rejects and --write-clean name the same file; give each its own")
     mapping = _mapping(args.mapping)

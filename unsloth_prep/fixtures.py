@@ -77,7 +77,7 @@ def iter_records(n: int | None = None, fmt: str = "alpaca", seed: int = 0, huge_
         yield _shape(fmt, rng, *_turn_texts(rng, i, huge_every, empty_rate, lang))
         i += 1
 
-# %% ../nbs/01_fixtures.ipynb #142a75cb
+# %% ../nbs/01_fixtures.ipynb #b157acf1
 def _malformed(kind: str, good: str) -> str:
     "A broken line of the given kind, derived from a good JSON line."
     return {"truncated": good[: max(2, len(good) // 2)], "trailing": good + " xyz", "bare": "this is not json",
@@ -87,7 +87,13 @@ def _open_out(path: Path, gz: bool):
     "Text handle for writing, gzip-compressed when asked."
     return _gzip.open(path, "wt", encoding="utf-8") if gz else open(path, "w", encoding="utf-8")
 
-# %% ../nbs/01_fixtures.ipynb #5097d7ce
+def _check_rate(name: str, rate: float):
+    "A rate of extra lines per record is below 1: one more line is added while a draw stays below it."
+    if not 0 <= rate < 1:
+        raise ValueError(f"--{name.replace('_', '-')} must be at least 0 and below 1, got {rate}: it is the chance of "
+                         "one more such line before each record, so at 1 the file would never end")
+
+# %% ../nbs/01_fixtures.ipynb #1ecf0b68
 def write_records(path, n: int | None = None, size_mb: float | None = None, fmt: str = "alpaca",
                   layout: str = "jsonl", malformed_rate: float = 0.0, seed: int = 0, huge_every: int = 0,
                   empty_rate: float = 0.0, blank_rate: float = 0.0, pretty: bool = False, gzip: bool = False,
@@ -99,6 +105,7 @@ def write_records(path, n: int | None = None, size_mb: float | None = None, fmt:
         raise ValueError(f"layout must be 'jsonl' or 'json_array', not {layout!r}")
     if layout == "json_array" and (malformed_rate or blank_rate):
         raise ValueError("malformed/blank lines apply to layout='jsonl' only")
+    for name, rate in (("malformed_rate", malformed_rate), ("blank_rate", blank_rate)): _check_rate(name, rate)
     path, limit = Path(path), (size_mb or 0) * 1024 * 1024
     path.parent.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed + 7919)
@@ -176,7 +183,7 @@ def build_tokenizer(vocab_size: int = 4096, seed: int = 0):
     fast.model_max_length = TINY_SPEC["max_position_embeddings"]
     return fast
 
-# %% ../nbs/01_fixtures.ipynb #e95543f8
+# %% ../nbs/01_fixtures.ipynb #2c495ef0
 def build_tiny_model(path, spec: dict | None = None) -> Path:
     "Build the tokenizer and a randomly initialised tiny `LlamaForCausalLM` into `path` (written atomically)."
     import torch
@@ -208,9 +215,12 @@ def tiny_model(path=None, spec: dict | None = None) -> Path:
     path = Path(path) if path else default_cache_dir() / f"tiny-llama-{_spec_hash(spec)}"
     marker = path / "unsloth_prep_fixture.json"
     if marker.exists() and json.loads(marker.read_text()) == spec: return path
+    if (path.exists() or path.is_symlink()) and not marker.exists():   # a folder (or file) the user owns
+        raise ValueError(f"{path}: exists and is not a tiny model unsloth-prep built (no {marker.name}); "
+                         "choose a new folder")
     return build_tiny_model(path, spec)
 
-# %% ../nbs/01_fixtures.ipynb #1c63b6e6
+# %% ../nbs/01_fixtures.ipynb #8f72af35
 def tiny_model_args(p):
     "Arguments of `unsloth-prep tiny-model`."
     p.add_argument("dir", nargs="?", help="output folder (default: the cache dir)")
@@ -236,10 +246,13 @@ def generate_args(p):
     p.add_argument("--empty-rate", type=float, default=0.0)
     p.add_argument("--huge-every", type=int, default=0, help="every Nth record gets a 200k-character response")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace OUT if it exists")
 
 def generate_main(args) -> dict:
     "Write generated records and report the counts."
     out = str(args.out)
+    if (Path(out).exists() or Path(out).is_symlink()) and not args.overwrite:
+        raise ValueError(f"{out}: exists; choose a new path, or pass --overwrite to replace it")
     if args.format in OTHER_KINDS:  # text corpora and preference data: defined further down
         return GENERATED_KINDS[args.format](args)
     layout = "json_array" if out.removesuffix(".gz").endswith(".json") else "jsonl"
@@ -281,7 +294,7 @@ def _write_txt_corpus(folder: Path, docs: Iterator[str], info: dict):
         if len(doc) >= 200_000: info["huge_lines"].append(i)
     info["files"] = info["records"]
 
-# %% ../nbs/01_fixtures.ipynb #fe22c006
+# %% ../nbs/01_fixtures.ipynb #3e876e47
 _TEXT_DEFECTS = ("truncated", "missing_field", "bare", "not_string", "two_objects")
 
 def write_corpus(path, n: int, layout: str = "jsonl", seed: int = 0, median: int = 600, lang: str = "mixed",
@@ -289,6 +302,7 @@ def write_corpus(path, n: int, layout: str = "jsonl", seed: int = 0, median: int
                  text_field: str = "text") -> dict:
     "Write `n` generated documents as JSONL (`path` a file) or .txt files (`path` a folder); report the defects' lines."
     if layout not in ("jsonl", "txt"): raise ValueError(f"layout must be 'jsonl' or 'txt', not {layout!r}")
+    _check_rate("malformed_rate", malformed_rate)
     path, rng = Path(path), random.Random(seed + 15485863)
     info = {"path": str(path), "records": 0, "bytes": 0, "lines": 0, "empty_lines": [], "huge_lines": [],
             "malformed": 0, "malformed_lines": []}

@@ -13,17 +13,21 @@ import numpy as np, orjson
 from .base import atomic_path, check_paths
 
 # %% auto #0
-__all__ = ['COMPRESSED_SUFFIXES', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', 'SHAREGPT_TAGS', 'check_file', 'compression_of',
-           'open_binary', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line', 'iter_jsonl', 'iter_array_blocks',
-           'iter_json_array', 'iter_csv', 'iter_parquet', 'iter_text', 'foreign_encoding', 'file_kind', 'resolve_files',
-           'array_bounds', 'array_shards', 'plan_shards', 'iter_file', 'is_hub_name', 'hub_stream', 'load_stream',
+__all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', 'SHAREGPT_TAGS', 'check_file',
+           'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line',
+           'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet', 'iter_parquet',
+           'iter_text', 'iter_arrow', 'file_kind', 'resolve_files', 'foreign_encoding', 'array_bounds', 'array_shards',
+           'plan_shards', 'iter_file', 'shards_note', 'file_identity', 'is_hub_name', 'hub_stream', 'load_stream',
            'normalize_record', 'detect_format', 'parse_mapping', 'check_mapping', 'shards_format', 'iter_conversations',
            'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text',
            'stream_hash', 'inspect_args', 'inspect_main']
 
-# %% ../nbs/02_loading.ipynb #b5e3c57f
+# %% ../nbs/02_loading.ipynb #6822a84d
+from .base import is_url, url_fs
+
 def check_file(path) -> str:
-    "`path` as a string once it is a regular file we may open; a folder, pipe, FIFO or device is a ValueError."
+    "`path` as a string once it is a regular file (or object) we may open; a folder, pipe, FIFO or device: ValueError."
+    if is_url(path): return _check_object(path)
     try: mode = os.stat(path).st_mode
     except FileNotFoundError: raise FileNotFoundError(f"{path}: no such file") from None
     except OSError as e: raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
@@ -33,17 +37,44 @@ def check_file(path) -> str:
                          "look at a file more than once); save it first, e.g. `cat > data.jsonl`")
     return str(path)
 
-# %% ../nbs/02_loading.ipynb #ea289924
+def _remote(url: str, fn):
+    "`fn()` on a URL: a missing object is a FileNotFoundError, any other failure (access, network) a ValueError."
+    try: return fn()
+    except FileNotFoundError: raise FileNotFoundError(f"{url}: no such file") from None
+    except Exception as e: raise ValueError(f"{url}: cannot read it ({type(e).__name__}: {e})") from None
+
+def _check_object(url: str) -> str:
+    "`url` once it names an object, not a folder (a prefix)."
+    fs, p = url_fs(url)
+    if _remote(url, lambda: fs.info(p))["type"] == "directory":
+        raise ValueError(f"{url}: is a directory, not a data file")
+    return url
+
+def file_size(path) -> int:
+    "Size in bytes of a local file or of the object a URL names."
+    if not is_url(path): return os.path.getsize(path)
+    fs, p = url_fs(path)
+    return _remote(path, lambda: fs.info(p))["size"]
+
+# %% ../nbs/02_loading.ipynb #f8162204
 COMPRESSED_SUFFIXES = (".gz", ".bz2", ".xz", ".zst")
 _MAGIC = ((b"\x1f\x8b", "gz"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"), (b"\x28\xb5\x2f\xfd", "zst"))
 
+_PEEK = 1 << 16            # bytes read to sniff a file's kind or to find a line start
+REMOTE_BLOCK = 8 << 20     # bytes per range request when streaming a URL: one round trip each
+
 def compression_of(path) -> str | None:
     "'gz', 'bz2', 'xz' or 'zst' from the first bytes of `path`, or None for uncompressed data."
-    with _open_raw(check_file(path)) as f: head = f.read(6)
+    with _open_raw(check_file(path), _PEEK) as f: head = f.read(6)
     return next((name for magic, name in _MAGIC if head.startswith(magic)), None)
 
 def _open_raw(path, buffering: int = -1):
-    "`open(path, 'rb')`, an unreadable file being a ValueError that names it."
+    """`open(path, 'rb')` of a local path or a URL, an unreadable one a ValueError naming it. A URL is read by range
+    requests of `REMOTE_BLOCK` bytes, or of `buffering` bytes when that is under 1 MB (a peek); 0: unbuffered."""
+    if is_url(path):
+        fs, p = url_fs(path)
+        f = _remote(path, lambda: fs.open(p, "rb", cache_type="none"))    # no cache: our buffer bounds the memory
+        return f if buffering == 0 else io.BufferedReader(f, buffering if 0 < buffering < 1 << 20 else REMOTE_BLOCK)
     try: return open(path, "rb", buffering=buffering)
     except OSError as e: raise ValueError(f"{path}: cannot read it ({e.strerror or e})") from None
 
@@ -65,12 +96,13 @@ class _Checked(io.RawIOBase):
             self.raw.close()
         super().close()
 
-# %% ../nbs/02_loading.ipynb #6c6cc2ae
-def open_binary(path):
-    "Open `path` for binary reading, decompressing gzip/bz2/xz/zstd content (found by its first bytes) as a stream."
+# %% ../nbs/02_loading.ipynb #7dae0510
+def open_binary(path, buffering: int = 1 << 20):
+    """Open a local path or a URL for binary reading, decompressing gzip/bz2/xz/zstd content (found by its first bytes)
+    as a stream."""
     path = str(path)
     kind = compression_of(path)
-    if kind is None: return _open_raw(path, 1 << 20)
+    if kind is None: return _open_raw(path, buffering)
     raw = _open_raw(path)
     if kind == "gz": f = gzip.GzipFile(fileobj=raw, mode="rb")
     elif kind == "bz2": f = bz2.BZ2File(raw, "rb")
@@ -350,16 +382,26 @@ def iter_csv(path, delimiter: str = ",", on_error: str = "raise", rejects=None) 
             raw = delimiter.join(map(str, row.values())).encode("utf-8", "surrogateescape").decode("utf-8", "replace")
             if rej is not None: rej.add(path, reader.line_num, msg, raw)
 
-# %% ../nbs/02_loading.ipynb #9686d363
+# %% ../nbs/02_loading.ipynb #273e8477
+@contextmanager
+def open_parquet(path):
+    "A `pyarrow.parquet.ParquetFile` of a local path or a URL, closed on exit; a broken file is a ValueError naming it."
+    import pyarrow as pa, pyarrow.parquet as pq
+    check_file(path)
+    src = _open_raw(path, 0) if is_url(path) else None
+    try:
+        try: pf = pq.ParquetFile(str(path) if src is None else src)
+        except (pa.ArrowException, OSError) as e: raise ValueError(f"{path}: not a valid Parquet file ({e})") from None
+        with pf: yield pf
+    finally:
+        if src is not None: src.close()
+
 def iter_parquet(path, batch_size: int = 1024, columns: list | None = None, row_groups: list | None = None,
                  first_row: int = 0) -> Iterator[tuple[int, dict]]:
     "Yield `(row_index, record)` from a Parquet file (or its row groups `[a, b)`, which start at row `first_row`)."
-    import pyarrow as pa, pyarrow.parquet as pq
+    import pyarrow as pa
     i, groups = first_row, range(*row_groups) if row_groups else None
-    check_file(path)
-    try: pf = pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e: raise ValueError(f"{path}: not a valid Parquet file ({e})") from None
-    with pf:
+    with open_parquet(path) as pf:
         batches = pf.iter_batches(batch_size=batch_size, columns=columns, row_groups=groups)
         while True:
             try: batch = next(batches, None)
@@ -370,14 +412,138 @@ def iter_parquet(path, batch_size: int = 1024, columns: list | None = None, row_
                 yield i, rec
                 i += 1
 
-# %% ../nbs/02_loading.ipynb #f131aad0
+# %% ../nbs/02_loading.ipynb #91059519
 def iter_text(path) -> Iterator[tuple[int, dict]]:
     "Yield `(line_no, {'text': line})` for every non-blank line of a text file; bytes that are not UTF-8 name the line."
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", errors="surrogateescape", newline="") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", errors="surrogateescape", newline="") as f:
         for n, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if _bad_text(line): raise ValueError(f"{path}: line {n}: not valid UTF-8")
             if line.strip(): yield n, {"text": line}
+
+# %% ../nbs/02_loading.ipynb #43311567
+def iter_arrow(path, batch_size: int = 1024) -> Iterator[tuple[int, dict]]:
+    "Yield `(row_index, record)` from an Arrow IPC stream (what `save_to_disk` writes) or IPC file, a batch at a time."
+    import pyarrow as pa
+    with _open_raw(check_file(path), _PEEK) as f: is_file_format = f.read(6) == b"ARROW1"
+    i = 0
+    with (pa.OSFile(str(path)) if not is_url(path) else _open_raw(path)) as src:
+        try:
+            r = pa.ipc.open_file(src) if is_file_format else pa.ipc.open_stream(src)
+            batches = (r.get_batch(k) for k in range(r.num_record_batches)) if is_file_format else iter(r)
+            for batch in batches:
+                for k in range(0, batch.num_rows, batch_size):
+                    for rec in batch.slice(k, batch_size).to_pylist():
+                        yield i, rec
+                        i += 1
+        except (pa.ArrowException, OSError) as e:
+            raise ValueError(f"{path}: not a valid Arrow file (row {i}: {e})") from None
+
+# %% ../nbs/02_loading.ipynb #bb8c0073
+DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
+                 ".parquet": "parquet", ".pq": "parquet", ".txt": "text", ".arrow": "arrow"}
+UNIT = {"jsonl": "line", "json_array": "element", "csv": "line", "tsv": "line", "parquet": "row", "text": "line",
+        "arrow": "row"}
+
+def _base_suffix(path) -> str:
+    "Extension after stripping a compression suffix: 'a.jsonl.gz' -> '.jsonl'."
+    p = Path(str(path).lower())
+    if p.suffix in COMPRESSED_SUFFIXES: p = p.with_suffix("")
+    return p.suffix
+
+def _first_byte(path) -> bytes:
+    "First byte of the (decompressed) content after a BOM and whitespace; b'' for an empty file; UTF-16/32 refused."
+    with open_binary(path, _PEEK) as f:
+        chunk = f.read(_PEEK)
+        if why := foreign_encoding(chunk): raise ValueError(f"{path}: {why}")
+        while chunk:
+            head = chunk.lstrip(b" \t\r\n\xef\xbb\xbf")
+            if head: return head[:1]
+            chunk = f.read(_PEEK)
+    return b""
+
+def file_kind(path) -> str:
+    "One of jsonl, json_array, csv, tsv, parquet, arrow, text: from the name, and for JSON names from the first byte."
+    kind = DATA_SUFFIXES.get(_base_suffix(path))
+    if kind is None:
+        known = f"{', '.join(DATA_SUFFIXES)}, optionally {', '.join(COMPRESSED_SUFFIXES)}"
+        raise ValueError(f"{path}: unknown data file type (known: {known})")
+    if kind not in ("json", "jsonl"): return kind
+    return "json_array" if _first_byte(path) == b"[" else "jsonl"
+
+# %% ../nbs/02_loading.ipynb #b54b87e9
+def _saved_files(folder: str, split: str | None = None) -> list[str] | None:
+    "The Arrow files of a `save_to_disk` folder, local or a URL (a DatasetDict: its `split`, default train); else None."
+    folder = folder.rstrip("/") or folder
+    if _is_file(f"{folder}/dataset_dict.json"):
+        splits, want = _json_at(f"{folder}/dataset_dict.json").get("splits") or [], split or "train"
+        if want not in splits:
+            raise ValueError(f"{folder}: a DatasetDict with the splits {', '.join(splits) or '(none)'}, not {want!r}; "
+                             f"give the split's folder, e.g. {folder}/{(splits or ['train'])[0]}")
+        folder = f"{folder}/{want}"
+    if not _is_file(f"{folder}/state.json"): return None
+    files = [d["filename"] for d in _json_at(f"{folder}/state.json").get("_data_files") or []]
+    if not files: raise ValueError(f"{folder}/state.json: lists no data files")
+    return [check_file(f"{folder}/{f}") for f in files]
+
+def _is_file(loc: str) -> bool:
+    "Whether a local path or a URL names a file (an object)."
+    if not is_url(loc): return os.path.isfile(loc)
+    fs, p = url_fs(loc)
+    return _remote(loc, lambda: fs.isfile(p))
+
+def _json_at(loc: str):
+    "The JSON value in a small local file or object."
+    with _open_raw(check_file(loc), _PEEK) as f:
+        try: return json.loads(f.read())
+        except ValueError as e: raise ValueError(f"{loc}: invalid JSON ({e})") from None
+
+# %% ../nbs/02_loading.ipynb #08fe1245
+def resolve_files(data, split: str | None = None) -> list[str]:
+    """Expand a path, folder, glob or URL (or a list of them) into data files (sorted per item); FileNotFoundError if
+    none. A `save_to_disk` folder gives its Arrow files (a DatasetDict: those of `split`, default train)."""
+    items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
+    out = []
+    for item in items:
+        s = _local(str(item))
+        found = _url_files(s, split) if is_url(s) else _local_files(s, split)
+        if not found: raise FileNotFoundError(f"{s}: no such data file (or nothing matched)")
+        out += found
+    return out
+
+def _local_files(s: str, split) -> list[str]:
+    "The data files of a local path, folder or glob."
+    if os.path.isdir(s):
+        return _saved_files(s, split) or sorted(str(p) for p in Path(s).iterdir()
+                                                if p.is_file() and _base_suffix(p) in DATA_SUFFIXES)
+    if any(c in s for c in "*?["): return [check_file(f) for f in sorted(_glob.glob(s, recursive=True))]
+    return [check_file(s)] if os.path.exists(s) else []
+
+def _local(s: str) -> str:
+    "A `file://` URL as the local path it names (the local readers, and the guards on outputs, apply); else `s`."
+    if not is_url(s): return s
+    from fsspec.implementations.local import LocalFileSystem
+    fs, p = url_fs(s)
+    return p if isinstance(fs, LocalFileSystem) else s
+
+# %% ../nbs/02_loading.ipynb #e5a3af7a
+def _url_files(url: str, split) -> list[str]:
+    "The objects a URL, URL glob or URL folder names (a `save_to_disk` folder: its Arrow files)."
+    fs, p = url_fs(url)
+    fs.invalidate_cache()                             # list the store as it is now, not as an earlier call saw it
+    if any(c in p for c in "*?["):
+        hits = _remote(url, lambda: fs.glob(p, detail=True))
+        folders = [n for n, i in hits.items() if i["type"] == "directory"]
+        if folders: raise ValueError(f"{fs.unstrip_protocol(folders[0])}: is a directory, not a data file")
+        return [fs.unstrip_protocol(n) for n in sorted(hits)]
+    try: info = _remote(url, lambda: fs.info(p))
+    except FileNotFoundError: return []
+    if info["type"] != "directory": return [url]
+    saved = _saved_files(url, split)
+    if saved: return saved
+    listing = _remote(url, lambda: fs.ls(p, detail=True))
+    return sorted(fs.unstrip_protocol(i["name"]) for i in listing
+                  if i["type"] == "file" and _base_suffix(i["name"]) in DATA_SUFFIXES)
 
 # %% ../nbs/02_loading.ipynb #ec8fa9f2
 _BOMS = ((b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"), (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
@@ -391,52 +557,6 @@ def foreign_encoding(head: bytes) -> str | None:
         name = "UTF-32" if 2 * nul > len(head) else f"UTF-16 ({'little' if 2 * odd > nul else 'big'}-endian)"
     if name is None: return None
     return f"the file is {name} text, not UTF-8; save it as UTF-8 (iconv -f {name.split()[0]} -t UTF-8 FILE > NEW)"
-
-# %% ../nbs/02_loading.ipynb #1cb8e042
-DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
-                 ".parquet": "parquet", ".pq": "parquet", ".txt": "text"}
-UNIT = {"jsonl": "line", "json_array": "element", "csv": "line", "tsv": "line", "parquet": "row", "text": "line"}
-
-def _base_suffix(path) -> str:
-    "Extension after stripping a compression suffix: 'a.jsonl.gz' -> '.jsonl'."
-    p = Path(str(path).lower())
-    if p.suffix in COMPRESSED_SUFFIXES: p = p.with_suffix("")
-    return p.suffix
-
-def _first_byte(path) -> bytes:
-    "First byte of the (decompressed) content after a BOM and whitespace; b'' for an empty file; UTF-16/32 refused."
-    with open_binary(path) as f:
-        chunk = f.read(65536)
-        if why := foreign_encoding(chunk): raise ValueError(f"{path}: {why}")
-        while chunk:
-            head = chunk.lstrip(b" \t\r\n\xef\xbb\xbf")
-            if head: return head[:1]
-            chunk = f.read(65536)
-    return b""
-
-def file_kind(path) -> str:
-    "One of jsonl, json_array, csv, tsv, parquet, text: from the name, and for JSON names from the first byte."
-    kind = DATA_SUFFIXES.get(_base_suffix(path))
-    if kind is None:
-        known = f"{', '.join(DATA_SUFFIXES)}, optionally {', '.join(COMPRESSED_SUFFIXES)}"
-        raise ValueError(f"{path}: unknown data file type (known: {known})")
-    if kind not in ("json", "jsonl"): return kind
-    return "json_array" if _first_byte(path) == b"[" else "jsonl"
-
-# %% ../nbs/02_loading.ipynb #9178c503
-def resolve_files(data) -> list[str]:
-    "Expand a path, directory, glob or list of them into data files (sorted per item); FileNotFoundError if none."
-    items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
-    out = []
-    for item in items:
-        s = str(item)
-        if os.path.isdir(s):
-            found = sorted(str(p) for p in Path(s).iterdir() if p.is_file() and _base_suffix(p) in DATA_SUFFIXES)
-        elif any(c in s for c in "*?["): found = [check_file(f) for f in sorted(_glob.glob(s, recursive=True))]
-        else: found = [check_file(s)] if os.path.exists(s) else []
-        if not found: raise FileNotFoundError(f"{s}: no such data file (or nothing matched)")
-        out += found
-    return out
 
 # %% ../nbs/02_loading.ipynb #0f828ad3
 def _structure(a, instr: bool, depth: int):
@@ -458,7 +578,7 @@ def _check_array_block(a, sp, ch, after, pos: int, where: str) -> bool:
     if a[sp[ends[0]] + 1:].tobytes().strip(): raise ValueError(f"{where}: data after the end of the array")
     return True
 
-# %% ../nbs/02_loading.ipynb #dd86d26a
+# %% ../nbs/02_loading.ipynb #704551de
 def array_bounds(path, offsets: list, block_bytes: int = 8 << 20, check: bool = True) -> list[tuple[int, int]]:
     """`(offset, element number)` of the first top-level element of a JSON array starting at or after each of the
     sorted `offsets` (fewer when the array ends first); `check`: read to the end, ValueError when it is malformed."""
@@ -482,9 +602,10 @@ def array_bounds(path, offsets: list, block_bytes: int = 8 << 20, check: bool = 
     return out
 
 def array_shards(spec: dict, parts: int) -> list[dict]:
-    "A JSON array's shard spec cut into about `parts` byte ranges of whole elements (itself when it cannot be cut)."
-    if spec["kind"] != "json_array" or compression_of(spec["path"]): return [spec]
-    size = os.path.getsize(spec["path"])
+    """A JSON array's shard spec cut into about `parts` byte ranges of whole elements (itself when it cannot be cut:
+    compressed, at a URL, where finding the cuts would read the whole object once more, or malformed)."""
+    if spec["kind"] != "json_array" or is_url(spec["path"]) or compression_of(spec["path"]): return [spec]
+    size = file_size(spec["path"])
     try: cuts = array_bounds(spec["path"], [size * k // parts for k in range(1, parts)])
     except ValueError: return [spec]
     cuts = [c for i, c in enumerate(cuts) if i == 0 or c[0] > cuts[i - 1][0]]
@@ -496,7 +617,7 @@ def _array_records(spec: dict, on_error, rejects):
     return iter_json_array(spec["path"], on_error, rejects, start=spec["start"], end=spec["end"],
                            first=spec.get("first", 1))
 
-# %% ../nbs/02_loading.ipynb #fbb1437e
+# %% ../nbs/02_loading.ipynb #26c7c754
 def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
     """Shard specs `{path, kind, start, end}`: one per file, uncompressed JSONL and JSON arrays split into byte
     ranges to reach `num_shards`."""
@@ -508,9 +629,9 @@ def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
         if s["kind"] != "jsonl" or compression_of(s["path"]):
             out += array_shards(s, per_file)                     # a JSON array's byte ranges; other files whole
             continue
-        size = os.path.getsize(s["path"])
+        size = file_size(s["path"])
         cuts = [0]
-        with open(s["path"], "rb") as f:
+        with _open_raw(s["path"], _PEEK) as f:                  # a URL: a small range request per cut
             for k in range(1, per_file):
                 f.seek(max(size * k // per_file - 1, cuts[-1]))
                 f.readline()
@@ -521,7 +642,7 @@ def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
 def _lines_before(path, offset: int) -> int:
     "Number of newlines in the first `offset` bytes of a file."
     n, left = 0, offset
-    with open(path, "rb") as f:
+    with _open_raw(path) as f:
         while left > 0:
             chunk = f.read(min(left, 8 << 20))
             if not chunk: break
@@ -540,15 +661,69 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind in ("csv", "tsv"): return iter_csv(path, "," if kind == "csv" else "\t", on_error, rejects)
     if kind == "parquet": return iter_parquet(path, row_groups=spec.get("row_groups"),
                                                first_row=spec.get("first_row", 0))
+    if kind == "arrow": return iter_arrow(path)
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 
-# %% ../nbs/02_loading.ipynb #73420f59
+# %% ../nbs/02_loading.ipynb #4b49c7e8
+_WHOLE = {"json_array": "a JSON array", "csv": "a CSV file", "tsv": "a TSV file", "text": "a text file"}
+
+def _last_byte(path) -> bytes:
+    "The last byte of a (non-empty) file."
+    with open(path, "rb") as f:
+        f.seek(-1, os.SEEK_END)
+        return f.read(1)
+
+def _uncut(path: str, kind: str, pieces: int, share: int) -> str:
+    "Why one file gave `pieces` shards and not `share`."
+    if kind == "parquet": return f"{path} has {pieces} row group(s) (a Parquet file is cut between row groups)"
+    if kind not in ("jsonl", "json_array"): return f"{path} is {_WHOLE.get(kind, kind)}, read whole"
+    if compression_of(path): return f"{path} is compressed, read whole"
+    if kind == "json_array" and is_url(path): return f"{path} is a JSON array at a URL, read whole"
+    if kind == "json_array": return f"{path} gave {pieces} range(s) (a JSON array is cut between elements)"
+    size = os.path.getsize(path)
+    lines = _lines_before(path, size) + (_last_byte(path) != b"\n") if 0 < size <= 64 << 20 else None
+    if lines is not None and lines <= share: return f"{path} has {lines} lines (a JSONL file is cut between lines)"
+    return f"{path}: its long lines span the cut points (a JSONL file is cut between lines)"
+
+# %% ../nbs/02_loading.ipynb #08302d6f
+def shards_note(data, specs: list, asked: int) -> str:
+    "Why `specs` holds fewer shards than the `asked` workers (or shards): the files not cut further, and why."
+    pieces, kinds = {}, {}
+    for s in specs:
+        pieces[s["path"]] = pieces.get(s["path"], 0) + 1
+        kinds[s["path"]] = s["kind"]
+    share = math.ceil(asked / max(len(pieces), 1))
+    whys = [_uncut(p, kinds[p], n, share) for p, n in pieces.items() if n < share]
+    more = f"; {len(whys) - 3} more file(s) alike" if len(whys) > 3 else ""
+    return f"{data}: {len(specs)} shards, not {asked}" + (": " + "; ".join(whys[:3]) + more if whys else "")
+
+# %% ../nbs/02_loading.ipynb #c4105f46
+_CONTENT_TAGS = ("ETag", "etag", "VersionId", "version_id", "md5Hash", "crc32c", "generation", "blob_id")
+_TIMES = ("LastModified", "last_modified", "mtime", "created")
+
+def file_identity(path) -> dict:
+    """What names an input file's content: a local file's path, size and modification time; an object's URL, size
+    and the store's content tags (ETag, MD5, version, generation; its modification time where it has none)."""
+    p = str(path)
+    if not is_url(p):
+        st = os.stat(p)
+        return {"path": os.path.abspath(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+    fs, inside = url_fs(p)
+    fs.invalidate_cache(inside)                       # what the store says now, not an earlier listing
+    info = _remote(p, lambda: fs.info(inside))
+    tags = {k: str(info[k]) for k in _CONTENT_TAGS if info.get(k) not in (None, "")}
+    if isinstance(info.get("lfs"), dict) and info["lfs"].get("sha256"): tags["sha256"] = info["lfs"]["sha256"]
+    if not tags: tags = {k: str(info[k]) for k in _TIMES if info.get(k) is not None}
+    return {"path": p, "bytes": info["size"], **tags}
+
+# %% ../nbs/02_loading.ipynb #94a69a2e
 _HUB_RE = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 def is_hub_name(data) -> bool:
     "True for a string that is not an existing path or glob and looks like `owner/name` (or `name`) on the Hub."
-    if not isinstance(data, str) or os.path.exists(data) or any(c in data for c in "*?[") : return False
+    if not isinstance(data, str) or is_url(data) or os.path.exists(data): return False
+    if any(c in data for c in "*?["): return False
     return bool(_HUB_RE.match(data)) and _base_suffix(data) not in DATA_SUFFIXES
 
 # %% ../nbs/02_loading.ipynb #5ef1dd30
@@ -575,7 +750,7 @@ def _hub_offline(timeout: float = 3.0) -> str | None:
     except OSError: return "no network"
     return None
 
-# %% ../nbs/02_loading.ipynb #c8519bee
+# %% ../nbs/02_loading.ipynb #fc74c65a
 def _gen_raw(shards, on_error, rejects):
     "Generator behind `load_stream`: the raw records of some shards."
     for spec in shards:
@@ -587,7 +762,7 @@ def load_stream(data, split: str = "train", on_error: str = "raise", rejects=Non
     import datasets
     _check_on_error(on_error)
     if is_hub_name(data): return hub_stream(data, split, **hub_kwargs)
-    shards = plan_shards(resolve_files(data), num_shards)
+    shards = plan_shards(resolve_files(data, split), num_shards)
     return datasets.IterableDataset.from_generator(
         _gen_raw, gen_kwargs={"shards": shards, "on_error": on_error, "rejects": as_rejects(rejects)},
         split=datasets.NamedSplit(split))
@@ -985,7 +1160,7 @@ def iter_conversations(data, fmt: str = "auto", mapping: dict | None = None, on_
     shards = plan_shards(resolve_files(data))
     yield from _gen_conv(shards, shards_format(shards, fmt, mapping), mapping, on_error, as_rejects(rejects), False)
 
-# %% ../nbs/02_loading.ipynb #30f6e173
+# %% ../nbs/02_loading.ipynb #9598be3a
 def load_conversations(path_or_name, fmt: str = "auto", mapping: dict | None = None, split: str = "train",
                        dataset_info=None, on_error: str = "raise", rejects=None, num_shards: int | None = None,
                        allow_outside: bool = False):
@@ -1009,7 +1184,7 @@ def load_conversations(path_or_name, fmt: str = "auto", mapping: dict | None = N
         ds = datasets.IterableDataset.from_generator(_gen_conv_iterable, gen_kwargs=dict(
             source=src, name=path_or_name, fmt=fmt, mapping=mapping, on_error=on_error, rejects=rej, warn=warn))
     else:
-        shards = plan_shards(resolve_files(path_or_name), num_shards)
+        shards = plan_shards(resolve_files(path_or_name, split), num_shards)
         fmt = shards_format(shards, fmt, mapping)
         ds = datasets.IterableDataset.from_generator(_gen_conv, gen_kwargs=dict(
             shards=shards, fmt=fmt, mapping=mapping, on_error=on_error, rejects=rej, warn=warn),
@@ -1171,7 +1346,7 @@ def _short(x, n: int = 200):
     if isinstance(x, dict): return {k: _short(v, n) for k, v in x.items()}
     return x
 
-# %% ../nbs/02_loading.ipynb #4048df2c
+# %% ../nbs/02_loading.ipynb #5b68b0f7
 def inspect_args(parser):
     "Arguments of `unsloth-prep inspect`."
     parser.add_argument("data", nargs="*", help="data files, folders, globs (JSONL, JSON array, CSV, Parquet, txt; "
@@ -1184,6 +1359,7 @@ def inspect_args(parser):
     parser.add_argument("--split", default="train")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many records")
     parser.add_argument("--rejects", default=None, help="write malformed and invalid records to this JSONL file")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --rejects file")
     from unsloth_prep.base import progress_args  # --no-progress
     progress_args(parser)
     return parser
@@ -1201,13 +1377,15 @@ def _inspect_input(args) -> tuple:
     limit = min(x for x in (args.limit, entry["num_samples"]) if x) if (args.limit or entry["num_samples"]) else None
     return entry["data"], fmt, limit, {**entry["mapping"], **(mapping or {})}
 
-# %% ../nbs/02_loading.ipynb #c109814e
+# %% ../nbs/02_loading.ipynb #b6597f2b
 def inspect_main(args) -> dict:
     "Stream the input once; print and return format, columns, counts, malformed lines and one normalised example."
     data, fmt, limit, mapping = _inspect_input(args)
     shards = None if is_hub_name(data) else plan_shards(resolve_files(data))
     files = [data] if shards is None else [s["path"] for s in shards]
-    check_paths([] if shards is None else files, [args.rejects])      # a rejects file never replaces an input
+    if args.rejects:                                                   # never an input; new, or asked to replace
+        from unsloth_prep.outputs import check_output
+        check_output(args.rejects, [] if shards is None else files, args.overwrite, "--rejects", folder=False)
     rej = Rejects(path=args.rejects)
     if shards is None:
         src = load_stream(data, split=args.split)

@@ -760,20 +760,22 @@ def _plan_text(rec: dict) -> str:
     lines += [f"{s}: {json.dumps(rec[s])}" for s in ("from_pretrained", "get_peft_model", "sft_config")]
     return "\n".join(lines + [f"note: {n}" for n in rec["notes"]])
 
-# %% ../nbs/06_oom.ipynb #57ae4bf2
+# %% ../nbs/06_oom.ipynb #06738576
 def task_extras(rec: dict, model, task: str = "sft", reference: str = "adapter") -> dict:
     "GiB a task adds to the SFT estimate `rec` (preference: second sequence + reference) and the merge's peak RAM."
-    from unsloth_prep.lifecycle import merge_peak_mb
+    from unsloth_prep.export import merge_peak_mb
     arch = load_arch(model)
     out = {"task": task, "merge_peak_gb": round(merge_peak_mb(arch.n_params, "bfloat16") / 1024, 2)}
-    if task in ("dpo", "orpo", "kto"):
+    from unsloth_prep.preference import FORMS
+    form = FORMS.get(task)
+    if form is not None:
         from unsloth_prep.oom import SEQUENCES_PER_EXAMPLE, reference_memory_gb
         items = rec["estimate"]["items_gb"]
         per_seq = items["activations"] + items["backward_workspace"] + items["logits_loss"]
         load = "4bit" if rec["from_pretrained"]["load_in_4bit"] else "16bit"
-        ref = 0.0 if task == "orpo" else reference_memory_gb(arch, reference, load)
+        ref = reference_memory_gb(arch, reference, load) if form.reference else 0.0
         extra = per_seq * (SEQUENCES_PER_EXAMPLE[task] - 1) + ref
-        out.update(reference=None if task == "orpo" else reference, extra_gb=round(extra, 3),
+        out.update(reference=reference if form.reference else None, extra_gb=round(extra, 3),
                    estimated_gb=round(rec["estimated_gb"] + extra, 2),
                    fits=rec["estimated_gb"] + extra <= rec["gpu"]["vram_gb"] * 0.92)
     return out

@@ -19,8 +19,8 @@ from .tokenizer import Encoder, encoder_for
 from .tokenization import lists_array
 
 # %% auto #0
-__all__ = ['TXT_MODES', 'iter_documents', 'pretrain_blocks', 'write_blocks', 'length_percentiles', 'pretrain_report',
-           'prepare_pretrain', 'tokenize_documents', 'blocks_from_documents', 'block_efficiency']
+__all__ = ['TXT_MODES', 'TEXT_ONLY', 'iter_documents', 'pretrain_blocks', 'write_blocks', 'length_percentiles', 'pretrain_report',
+           'prepare_pretrain', 'tokenize_documents', 'blocks_from_documents', 'block_efficiency', 'TextStep']
 
 # %% ../nbs/04b_pretrain.ipynb #4669aec1
 def _text_lean(path, encoder: str = "tokenizers"):
@@ -42,17 +42,17 @@ def _text_engine(path, encoder: str = "auto"):
     tok = _text_lean(path, encoder)
     return encoder_for(tok), tok.eos_token_id
 
-# %% ../nbs/04b_pretrain.ipynb #6be2db68
+# %% ../nbs/04b_pretrain.ipynb #c60e5375
 def _iter_whole(path) -> Iterator[tuple[int, str]]:
     "Yield `(1, text)`: the whole text file as one document."
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="") as f:
         yield 1, f.read()
 
-# %% ../nbs/04b_pretrain.ipynb #b9b8c9d1
+# %% ../nbs/04b_pretrain.ipynb #830e62e6
 def _iter_paragraphs(path) -> Iterator[tuple[int, str]]:
     "Yield `(first line, paragraph)` for each blank-line-separated paragraph of a text file, one at a time."
     buf, first = [], 0
-    with io.TextIOWrapper(open_binary(path), encoding="utf-8", newline="") as f:
+    with io.TextIOWrapper(open_binary(path), encoding="utf-8-sig", newline="") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
                 first = first if buf else n
@@ -100,7 +100,7 @@ def _file_documents(path, text_field: str, txt_mode: str, on_error: str, rej, co
             continue
         yield path, n, text
 
-# %% ../nbs/04b_pretrain.ipynb #4dd92efe
+# %% ../nbs/04b_pretrain.ipynb #a1d28b9a
 def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_error: str = "raise",
                    rejects=None, counts: dict | None = None) -> Iterator[tuple[str, int, str]]:
     "Yield `(file, line/row, text)` of every non-empty document in files, folders or globs, streamed."
@@ -109,7 +109,7 @@ def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_er
     rej = as_rejects(rejects) if rejects is not None else Rejects()
     counts = {} if counts is None else counts
     counts.setdefault("empty_docs", 0)
-    for src in ([data] if isinstance(data, dict) else resolve_files(data)):  # files, or one shard spec
+    for src in (data.get("parts", [data]) if isinstance(data, dict) else resolve_files(data)):  # files, or a shard
         try: yield from _file_documents(src, text_field, txt_mode, on_error, rej, counts)
         except UnicodeDecodeError as e:
             name = src["path"] if isinstance(src, dict) else src
@@ -222,7 +222,7 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
                            rejected_lines=rej.lines[:20], out=str(out), encoder=tok.name,
                            seconds=round(time.perf_counter() - t0, 3))
 
-# %% ../nbs/04b_pretrain.ipynb #d6caf348
+# %% ../nbs/04b_pretrain.ipynb #5616bf8a
 def _ids_table(rows: list):
     "A one-column table `input_ids: list<int32>` of token id lists, built from flat numpy buffers."
     import pyarrow as pa
@@ -231,7 +231,8 @@ def _ids_table(rows: list):
 def tokenize_documents(data, tokenizer, out, text_field: str = "text", txt_mode: str = "file",
                        on_error: str = "raise", rejects=None, batch_size: int = 1000, encoder: str = "auto") -> dict:
     "Token ids of every document of `data` (files, or one shard spec), one row each, into Parquet at `out`."
-    rust = encoder_for(tokenizer) if hasattr(tokenizer, "_tokenizer") else _text_engine(tokenizer, encoder)[0]
+    if isinstance(tokenizer, Encoder): rust = tokenizer
+    else: rust = encoder_for(tokenizer) if hasattr(tokenizer, "_tokenizer") else _text_engine(tokenizer, encoder)[0]
     rej = as_rejects(rejects) if rejects is not None else Rejects()
     counts, lengths = {"empty_docs": 0}, array("q")
     ids = _encode(iter_documents(data, text_field, txt_mode, on_error, rej, counts), rust, batch_size, lengths)
@@ -270,3 +271,60 @@ def block_efficiency(lengths, block_size: int, group: int | None = None) -> floa
     if len(a) == 0: return 0.0
     sums = np.add.reduceat(a, np.arange(0, len(a), group)) if group else np.array([a.sum()])
     return float((sums - sums % block_size).sum() / a.sum())
+
+# %% ../nbs/04b_pretrain.ipynb #f64a2d78
+from fastcore.basics import patch
+from .base import nonneg_int, positive_int
+from .steps import Step, declare, register
+
+declare("block_size", parse=positive_int, help="tokens per block (default: --max-seq-length)")
+declare("text_field", default="text", help="field holding the document text")
+declare("txt_mode", default="file", choices=TXT_MODES, help=".txt files: a document per file, paragraph or line")
+declare("keep_last", flag=True, default=False, help="keep the last, incomplete block")
+declare("stride", parse=nonneg_int, default=0, help="tokens each block repeats from the previous one")
+TEXT_ONLY = {"text", "id", "meta", "metadata", "source"}   # the keys of a plain-text record
+
+class TextStep(Step):
+    "Raw text for continued pretraining: documents -> token ids + EOS -> blocks with per-document positions."
+    name, trainer, priority = "pretrain", "pretrain", 20
+    options = ("block_size", "text_field", "txt_mode", "keep_last", "stride")
+    sums = ("records", "documents", "empty_docs", "rejected", "tokens")
+
+    def detect(self, record, mapping=None): return "text" in record and set(record) <= TEXT_ONLY
+    def identity(self, opts):
+        from unsloth_prep.tokenization import tokenizer_identity
+        return tokenizer_identity(opts.tokenizer)
+    def load(self, opts): return _text_engine(opts.tokenizer, opts.encoder)
+    def normal(self, opts): return opts.replace(text_field="text", mapping=None, dataset_info=None)
+    def records(self, spec, opts, rejects, report=None):
+        "`(place, {'text': ...})` of a shard's documents."
+        docs = iter_documents(spec, opts.text_field, opts.txt_mode, opts.on_error, rejects)
+        return (((path, n, "line"), {"text": t}) for path, n, t in docs)
+
+# %% ../nbs/04b_pretrain.ipynb #82a3d911
+@patch
+def check(self: TextStep, opts):
+    "Block size and stride that can be cut."
+    size = opts.block_size or opts.max_seq_length
+    if not size: raise ValueError("prepare --task pretrain needs --block-size or --max-seq-length (tokens per block)")
+    if opts.stride >= size: raise ValueError(f"--stride {opts.stride} must be smaller than the block size {size}")
+
+@patch
+def run(self: TextStep, job: dict, state, report=None) -> dict:
+    "The token ids of one shard's documents, one row each, and the EOS they will be joined with."
+    (tok, eos), o = state, job["opts"]
+    rej = Rejects(path=job["rejects"], keep=100)
+    try: s = tokenize_documents(job["spec"], tok, job["out"], o.text_field, o.txt_mode, o.on_error, rej, o.batch_size)
+    finally: rej.close()
+    return {**s, "eos_token_id": eos}
+
+@patch
+def finish(self: TextStep, parts: list, build, split: str, opts, summaries=None):
+    "The blocks of all the shards' documents, cut in input order, as one file; the pretraining report."
+    eos = next(s["eos_token_id"] for s in summaries)
+    dst = Path(build) / f"_blocks-{split}.parquet"
+    r = blocks_from_documents(parts, dst, opts.block_size or opts.max_seq_length, eos, opts.stride, opts.keep_last)
+    for p in parts: p.unlink()
+    return [dst], {k: v for k, v in r.items() if k != "out"}
+
+register(TextStep())

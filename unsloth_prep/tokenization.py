@@ -23,11 +23,11 @@ ON_OVERFLOW = ("truncate", "drop", "raise")
 ROLES = ("system", "user", "assistant", "tool")
 
 # %% auto #0
-__all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'BATCH_SEP', 'BATCH_TEMPLATE', 'as_messages', 'ChatRenderer', 'RowCounts',
-           'TokenizeCounts', 'ChatTokenizer', 'segments', 'list_array', 'lists_array', 'token_columns',
+__all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'BATCH_SEP', 'BATCH_TEMPLATE', 'TOKENIZER_ID_FILES', 'as_messages', 'ChatRenderer',
+           'RowCounts', 'TokenizeCounts', 'ChatTokenizer', 'segments', 'list_array', 'lists_array', 'token_columns',
            'tokenize_conversation', 'end_of_turn_token', 'tokenize_dataset', 'VerifyReport', 'verify_labels',
            'token_view', 'tokenize_batch_stats', 'LengthStats', 'length_stats', 'plot_lengths', 'iter_batches',
-           'tokenize_batches', 'prepare', 'collect_stats']
+           'tokenize_batches', 'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records', 'ChatStep']
 
 # %% ../nbs/04_tokenization.ipynb #e4bdaf87
 def _flatten_content(content, where: str) -> str:
@@ -832,3 +832,119 @@ def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: 
         st.update(c, tokenizer.bos_token_id)
     report_lost(counts, data)
     return st, counts, rejects.count
+
+# %% ../nbs/04_tokenization.ipynb #e295bf23
+from .base import positive_int
+from .steps import STEPS, Step, declare, register
+from .tokenizer import ENCODERS, template_folder
+
+declare("template", help="chat template: an Unsloth name (chatml, llama-3.1, qwen-2.5, ...); default: the "
+                          "tokenizer's own")
+declare("encoder", default="auto", choices=ENCODERS, common=True, help="token encoder engine")
+declare("train_on", default="all-assistant", choices=TRAIN_ON,
+        help="which turns train: all-assistant (TRL assistant_only_loss, Unsloth train_on_responses_only), "
+             "last-assistant, all (LLaMA-Factory train_on_prompt, Axolotl train_on_inputs)")
+declare("chars_per_token", parse=positive_int, default=8, help="character pre-truncation budget per token")
+declare("pack", flag=True, default=False, help="pack rows into full --max-seq-length rows")
+declare("drop_images", flag=True, default=False, help="a text-only tokenizer: drop the images of records that "
+                                                      "have some (counted)")
+
+# %% ../nbs/04_tokenization.ipynb #3b221f40
+TOKENIZER_ID_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                      "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                      "preprocessor_config.json", "processor_config.json")
+
+def tokenizer_identity(path, template: str | None = None) -> dict:
+    "The digest of a tokenizer folder's tokenizer files (with Unsloth's `template` applied); a Hub name as given."
+    from unsloth_prep.outputs import digest, file_digest
+    p = Path(str(path))
+    if not p.is_dir(): return {"name": str(path), "template": template}
+    if template not in OWN_TEMPLATE: p = template_folder(p, template)
+    files = {f: file_digest(p / f) for f in TOKENIZER_ID_FILES if (p / f).is_file()}
+    return {"files": digest(files), "template": template}
+
+# %% ../nbs/04_tokenization.ipynb #e8ecfd6b
+def _text_only(rec: dict, where: str, drop: bool, dropped: list) -> dict:
+    "A record with images for a text-only tokenizer: refused (never read as text), or dropped and counted."
+    if not drop:
+        raise ValueError(f"{where}: field 'images' holds {len(rec['images'])} image(s) but the tokenizer is text-only: "
+                         "give a processor folder (tokenizer + preprocessor_config.json) as --tokenizer, or "
+                         "--drop-images to drop them (counted)")
+    dropped.append(len(rec["images"]))
+    msgs = [{**m, "content": m["content"].replace("<image>", "")} if isinstance(m.get("content"), str) else m
+            for m in rec["messages"]]
+    return {**{k: v for k, v in rec.items() if k != "images"}, "messages": msgs}
+
+# %% ../nbs/04_tokenization.ipynb #3f07c09a
+def conversation_records(spec: dict, opts, rejects, report=None):
+    "The conversation records of a shard (`opts.format`, `opts.mapping`); bad ones raise or go to `rejects`."
+    from unsloth_prep.loading import normalize_record
+    from unsloth_prep.parallel import iter_shard
+    for (path, n, unit), raw in iter_shard(spec, opts.on_error, rejects, report):
+        try: rec = normalize_record(raw, opts.format, opts.mapping)
+        except ValueError as e:
+            if opts.on_error == "raise": raise ValueError(f"{path}: {unit} {n}: {e}") from None
+            rejects.add(path, n, e, json.dumps(raw, ensure_ascii=False, default=str)[:500], unit)
+            continue
+        yield (path, n, unit), rec
+
+# %% ../nbs/04_tokenization.ipynb #9c448564
+class ChatStep(Step):
+    "Chat rows: conversations rendered with the chat template, tokenized, labels on the trained turns."
+    name, trainer, priority = "sft", "sft", 90
+    options = ("template", "train_on", "on_overflow", "chars_per_token", "pack", "drop_images")
+    sums = ("records", "rows", "rejected", "dropped", "truncated", "tokens", "trainable_tokens")
+
+    def detect(self, record, mapping=None): return True          # what is not pairs or text is a conversation
+    def identity(self, opts): return tokenizer_identity(opts.tokenizer, opts.template)
+    def load(self, opts): return load_tokenizer(opts.tokenizer, opts.template, encoder=opts.encoder)
+    def records(self, spec, opts, rejects, report=None): return conversation_records(spec, opts, rejects, report)
+    def normal(self, opts): return opts.replace(format="openai", mapping=None, dataset_info=None)
+
+    def resolve(self, opts, files):
+        "The record format, detected once from the first records of the input (an error names the first file)."
+        from unsloth_prep.loading import plan_shards, shards_format
+        return opts.replace(format=shards_format(plan_shards(files), opts.format, opts.mapping))
+
+    def specialise(self, opts):
+        "Chat records with a processor folder (an image processor beside the tokenizer) are image conversations."
+        vision = STEPS.get("vision")
+        return vision if vision is not None and vision.accepts(opts.tokenizer) else self
+
+# %% ../nbs/04_tokenization.ipynb #c756b135
+@patch
+def check(self: ChatStep, opts):
+    "Options the chat step cannot run with."
+    if opts.on_overflow == "split":
+        raise ValueError("--on-overflow split is for `pack`; prepare: truncate, drop or raise")
+    if opts.pack and not opts.max_seq_length: raise ValueError("--pack needs --max-seq-length (the packed row length)")
+
+@patch
+def run(self: ChatStep, job: dict, tok, report=None) -> dict:
+    "Tokenize one shard's conversations into `job['out']`."
+    from unsloth_prep.loading import Rejects
+    o, rej, dropped = job["opts"], Rejects(path=job["rejects"], keep=100), []
+    def recs():
+        for (path, n, unit), rec in self.records(job["spec"], o, rej, report):
+            yield _text_only(rec, f"{path}: {unit} {n}", o.drop_images, dropped) if rec.get("images") else rec
+    try: s = prepare(recs(), tok, job["out"], o.train_on, o.max_seq_length, o.on_overflow, o.chars_per_token,
+                     o.batch_size, on_error=o.on_error)
+    finally: rej.close()
+    return {**s, "records": s["records"] + rej.count, "rejected": s["rejected"] + rej.count, "rejects": rej.items,
+            "images_dropped": sum(dropped)}
+
+# %% ../nbs/04_tokenization.ipynb #41e3ac0f
+@patch
+def finish(self: ChatStep, parts: list, build, split: str, opts, summaries=None):
+    "The shards' files, or one packed file of their rows (with `--pack`) and the packing counts."
+    if not opts.pack: return parts
+    from unsloth_prep.collators import pack_parquet
+    dst = Path(build) / f"_packed-{split}.parquet"
+    info = pack_parquet(parts, dst, opts.max_seq_length, progress=False)
+    for p in parts: p.unlink()
+    return [dst], {"pack": info}
+
+@patch
+def finishes(self: ChatStep, opts) -> bool: return bool(opts.pack)    # unpacked: the shards' files as they are
+
+register(ChatStep())

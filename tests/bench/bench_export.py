@@ -1,5 +1,5 @@
 """Peak RSS of `merge_adapter` (the `export` merge) in fresh processes, for random Llama models of growing size and two
-export dtypes, next to `lifecycle.merge_peak_mb`'s estimate and the imports alone.
+export dtypes, next to `export.merge_peak_mb`'s estimate and the imports alone.
 
     python tests/bench/bench_export.py [--small]
 """
@@ -32,7 +32,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="only the smallest model")
     args = ap.parse_args()
-    from unsloth_prep.lifecycle import merge_peak_mb
+    from unsloth_prep.export import merge_peak_mb
     from unsloth_prep.memory import run_code
     tmp = Path(tempfile.mkdtemp())
     rows = []
@@ -41,7 +41,7 @@ def main():
         run_dir, n = random_run(tmp, hidden, layers)
         for dtype in ("float32", "bfloat16"):
             out = run_dir / f"merged_{dtype}"
-            code = (f"from unsloth_prep.lifecycle import merge_adapter\n"
+            code = (f"from unsloth_prep.export import merge_adapter\n"
                     f"result = merge_adapter({str(run_dir)!r}, {str(out)!r}, {dtype!r}, 'peft', True)")
             r = run_code(code, label=f"merge {dtype}")
             est = merge_peak_mb(n, dtype, source_dtype="float32")     # the random bases are stored in float32

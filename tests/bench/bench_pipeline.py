@@ -10,7 +10,7 @@ the single-process rows. Ray's time includes starting its local cluster (about 1
 import argparse, json, subprocess, sys, tempfile, time
 from pathlib import Path
 
-from unsloth_prep.base import shard_paths
+from unsloth_prep.outputs import data_files
 from unsloth_prep.fixtures import iter_pairs, tiny_model, write_corpus
 from unsloth_prep.parallel import rows_digest
 
@@ -34,7 +34,7 @@ def run(task: str, data: Path, out: Path, tok: str, extra: list) -> dict:
     if p.returncode: raise SystemExit(p.stderr[-3000:])
     s = json.loads(p.stdout.strip().splitlines()[-1])
     return {"seconds": time.perf_counter() - t0, "peak_mb": s["peak_rss_mb"], "worker_mb": s.get("worker_peak_rss_mb"),
-            "rows": s["rows"], "digest": rows_digest(shard_paths(out), COLUMNS[task])}
+            "rows": s["rows"], "digest": rows_digest(data_files(out), COLUMNS[task])}
 
 
 def main():

@@ -8,7 +8,7 @@
    with `pack_table` on the smallest. Targets: peak <= 400 MB at ~32.8M tokens, flat (+-25%) across sizes.
 2. prepare: the same generated JSONL through (a) one process pinned to one core (tokenizer on one thread; the same
    process unpinned, which overlaps rendering and encoding on two cores, is shown beside it); (b) `--workers 2`
-   (run_prepare_sharded, each worker one thread); (c) the Ray Data engine with 2 actors on a local cluster (the
+   (pipeline.run_prepare, each worker one thread); (c) the Ray Data engine with 2 actors on a local cluster (the
    cluster's start and Ray Data's first job, which starts its helper actors, timed apart). Targets: (b) >= 1.6x (a) in records/s; per-worker peak <= 350 MB; (c) >= 0.7x (b), per-actor
    peak <= 450 MB. Per-worker peaks come from the manifest (each worker's own ru_maxrss).
 3. convert: MB/s of one process, `--workers 2` and Ray (2 actors) on the same JSONL; the shard tables must equal the
@@ -102,13 +102,15 @@ PREPARE_SHARDED = """
 import os
 os.environ["RAYON_NUM_THREADS"] = "1"
 import time
-from unsloth_prep.parallel import run_prepare_sharded
+from unsloth_prep.outputs import read_manifest
+from unsloth_prep.pipeline import parse_request, run_prepare
 {ray_start}t0 = time.perf_counter()
-m = run_prepare_sharded({data!r}, {tok!r}, {out!r}, workers=2, on_error="skip", max_seq_length=4096,
-                        engine={engine!r}, progress=False)
+m = run_prepare(*parse_request({{"data": {data!r}, "tokenizer": {tok!r}, "out": {out!r}, "workers": 2, "on_error": "skip",
+                                "max_seq_length": 4096, "engine": {engine!r}, "progress": False}}, "python"))
+shards = read_manifest({out!r})["shards"]
 result = {{"records": m["records"], "rows": m["rows"], "seconds": time.perf_counter() - t0, "start_s": t_start,
-          "worker_peaks": [s["worker"]["peak_rss_mb"] for s in m["shards"]],
-          "torch_in_workers": [s["worker"]["torch_imported"] for s in m["shards"]]}}
+          "worker_peaks": [s["worker"]["peak_rss_mb"] for s in shards],
+          "torch_in_workers": [s["worker"]["torch_imported"] for s in shards]}}
 """
 
 
@@ -116,7 +118,7 @@ def bench_prepare(work, size_mb):
     """Records/s of one single-threaded process, two workers, and Ray with two actors, on the same JSONL."""
     from unsloth_prep.fixtures import tiny_model, write_records
     from unsloth_prep.parallel import rows_digest
-    from unsloth_prep.base import shard_paths
+    from unsloth_prep.outputs import data_files
     data, tok = work / "chat.jsonl", str(tiny_model())
     info = write_records(data, size_mb=size_mb, fmt="openai", seed=5)
     runs = {"one process, 1 core": PREPARE_SINGLE.format(data=str(data), tok=tok, out=str(work / "single.parquet"),
@@ -128,7 +130,7 @@ def bench_prepare(work, size_mb):
                for k, o, e in (("--workers 2", "w2", "local"), ("ray, 2 actors", "ray", "ray"))}}
     # the memory sampler polls every 0.1 s, not 5 ms: with three processes to read it would take CPU from the work
     res = {k: run_code(textwrap.dedent(c), label=k, interval=0.1) for k, c in runs.items()}
-    same = {k: rows_digest(shard_paths(work / d)) == rows_digest(work / "single.parquet") for k, d in (("w2", "w2"), ("ray", "ray"))}
+    same = {k: rows_digest(data_files(work / d)) == rows_digest(work / "single.parquet") for k, d in (("w2", "w2"), ("ray", "ray"))}
     out = {}
     for k, r in res.items():
         v = r.value
@@ -155,10 +157,15 @@ def bench_prepare(work, size_mb):
 CONVERT = """
 import time
 from unsloth_prep.convert import convert
-from unsloth_prep.parallel import run_convert_sharded
+import argparse, contextlib, io
+from unsloth_prep.pipeline import convert_args, convert_main
 {ray_start}t0 = time.perf_counter()
 if {workers} == 1: s = convert({src!r}, {out!r}, progress=False)
-else: s = run_convert_sharded({src!r}, {out!r}, workers={workers}, engine={engine!r}, progress=False)
+else:
+    p = argparse.ArgumentParser()
+    convert_args(p)
+    args = p.parse_args([{src!r}, "--out", {out!r}, "--workers", "{workers}", "--engine", {engine!r}, "--no-progress"])
+    with contextlib.redirect_stdout(io.StringIO()): s = convert_main(args)
 result = {{"rows": s["rows"], "seconds": time.perf_counter() - t0, "start_s": t_start,
           "worker_peak": s.get("worker_peak_rss_mb")}}
 """
@@ -167,7 +174,7 @@ result = {{"rows": s["rows"], "seconds": time.perf_counter() - t0, "start_s": t_
 def bench_convert(work, size_mb):
     """MB/s of `convert` in one process, with `--workers 2`, and with Ray (2 actors) on the same JSONL."""
     from unsloth_prep.fixtures import write_records
-    from unsloth_prep.base import shard_paths
+    from unsloth_prep.outputs import data_files
     src = work / "conv.jsonl"
     info = write_records(src, size_mb=size_mb, fmt="alpaca", malformed_rate=0.0005, seed=7)
     runs = {"one process": (1, "local", "one.parquet"), "--workers 2": (2, "local", "w2"),
@@ -181,7 +188,7 @@ def bench_convert(work, size_mb):
         out[k] = {"mb_per_s": info["bytes"] / 2**20 / r.value["seconds"], "seconds": r.value["seconds"],
                   "peak_mb": r.peak_mb, "worker_peak_mb": r.value["worker_peak"], "start_s": r.value["start_s"]}
     one = pq.read_table(work / "one.parquet")
-    same = {k: pq.read_table(shard_paths(work / o)).equals(one) for k, (w, e, o) in runs.items() if w > 1}
+    same = {k: pq.read_table(data_files(work / o)).equals(one) for k, (w, e, o) in runs.items() if w > 1}
     print(f"\nconvert: {info['records']:,} records, {info['bytes'] / 2**20:.0f} MB JSONL")
     print(f"{'engine':16s} {'MB/s':>7s} {'s':>7s} {'peak MB (driver)':>17s} {'per-worker peak MB':>19s}")
     for k, o in out.items():

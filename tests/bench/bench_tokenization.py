@@ -127,7 +127,7 @@ def main(argv=None):
     write_records(one, n=1, fmt="openai", seed=1)
     cases = [("own template", own, []), ("--template llama-3.1", src, ["--template", "llama-3.1"])]
     if a.own_only: cases = cases[:1]
-    res["startup"] = [run(LEAN, f"lean, {name}", data=str(one), tok=str(t), out=str(work / "o.parquet"), extra=x)
+    res["startup"] = [run(LEAN, f"lean, {name}", data=str(one), tok=str(t), out=str(work / "o"), extra=x)
                       for name, t, x in cases]
     if not a.skip_old:
         res["startup"].append(run(OLD, "transformers path", data=str(one), tok=str(own), out=str(work / "o.parquet")))
@@ -138,7 +138,7 @@ def main(argv=None):
         data = work / f"data-{mb:g}mb.jsonl"
         info = write_records(data, size_mb=mb, fmt="openai", seed=2)
         for name, t, x in cases:
-            r = run(LEAN, f"lean, {name}, {mb:g} MB", data=str(data), tok=str(t), out=str(work / "o.parquet"), extra=x)
+            r = run(LEAN, f"lean, {name}, {mb:g} MB", data=str(data), tok=str(t), out=str(work / "o"), extra=x)
             res["rss"].append({**r, "records": info["records"]})
         for cmd in (("stats", "doctor") if a.stats_doctor else ()):
             r = run(DATA_CMD, f"lean {cmd}, own template, {mb:g} MB", cmd=cmd, data=str(data), tok=str(own))

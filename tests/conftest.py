@@ -1,0 +1,14 @@
+"""Fixtures shared by several test modules."""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory):
+    "One local S3 server for the session, holding the test data (tests/s3server.py); the folder of its local copies."
+    pytest.importorskip("moto.server", reason="the S3 server tests need moto[server] (dev requirements)")
+    pytest.importorskip("s3fs", reason="the S3 server tests need s3fs (dev requirements)")
+    from s3server import fill, serve
+    with serve():
+        d = tmp_path_factory.mktemp("s3data")
+        fill(d)
+        yield d
