@@ -9,6 +9,7 @@ import pytest
 from clitools import last_json, read_rows, run
 from unsloth_prep.fixtures import iter_records, tiny_model, write_records
 from unsloth_prep.loading import iter_file, iter_json_array, plan_shards
+from unsloth_prep.outputs import data_files
 
 
 # ---------------------------------------------------------------- convert's inputs
@@ -16,10 +17,10 @@ from unsloth_prep.loading import iter_file, iter_json_array, plan_shards
 def test_utf16_file_is_refused_by_its_encoding(tmp_path, enc):
     src = tmp_path / "u.jsonl"
     src.write_text("".join(json.dumps(r) + "\n" for r in iter_records(2, seed=1)), encoding=enc)
-    p = run("unsloth-prep", "convert", src, tmp_path / "u.parquet", "--no-progress", check=False)
+    p = run("unsloth-prep", "convert", src, tmp_path / "u", "--no-progress", check=False)
     assert p.returncode == 2 and "u.jsonl: the file is UTF-" in p.stderr and "Traceback" not in p.stderr, p.stderr
-    assert not (tmp_path / "u.parquet").exists()
-    p = run("unsloth-prep", "prepare", src, "--tokenizer", tiny_model(), "--out", tmp_path / "p.parquet", check=False)
+    assert not (tmp_path / "u").exists()
+    p = run("unsloth-prep", "prepare", src, "--tokenizer", tiny_model(), "--out", tmp_path / "p", check=False)
     assert p.returncode == 2 and "the file is UTF-" in p.stderr, p.stderr[-500:]
 
 
@@ -29,20 +30,20 @@ def test_integer_beside_a_float_is_counted(tmp_path, key):
     key looks like (an escaped or a long key)."""
     src = tmp_path / "m.jsonl"
     src.write_text(f'{{{key}: 1}}\n{{{key}: 2.5}}\n{{{key}: 3}}\n')
-    s = last_json(run("unsloth-prep", "convert", src, tmp_path / "m.parquet", "--no-progress"))
+    s = last_json(run("unsloth-prep", "convert", src, tmp_path / "m", "--no-progress"))
     name = json.loads("{" + key + ": 0}").popitem()[0]
     assert s["coerced"] == {name: 2}, s
-    assert pq.read_table(tmp_path / "m.parquet").column(name).to_pylist() == [1.0, 2.5, 3.0]
+    assert pq.read_table(data_files(tmp_path / "m")).column(name).to_pylist() == [1.0, 2.5, 3.0]
 
 
 def test_bad_codec_is_exit_2_naming_the_option(tmp_path):
     src = tmp_path / "a.jsonl"
     write_records(src, n=5, seed=1)
-    for args, option in ((["--compression", "bogus"], "--compression bogus"),
+    for args, option in ((["--compression", "bogus"], "--compression: invalid choice: 'bogus'"),
                          (["--compression", "snappy", "--compression-level", "3"], "--compression-level 3")):
-        p = run("unsloth-prep", "convert", src, tmp_path / "a.parquet", "--no-progress", *args, check=False)
+        p = run("unsloth-prep", "convert", src, tmp_path / "a", "--no-progress", *args, check=False)
         assert p.returncode == 2 and option in p.stderr and "Traceback" not in p.stderr, p.stderr[-800:]
-        assert not (tmp_path / "a.parquet").exists()
+        assert not (tmp_path / "a").exists()
 
 
 # ---------------------------------------------------------------- JSON arrays in byte ranges
@@ -70,10 +71,10 @@ def test_workers_share_a_json_array(tmp_path):
               "--on-error", "skip", "--no-progress")
     assert "cannot be cut" not in two.stderr and last_json(two)["shards"] == 2
     assert read_rows(tmp_path / "one") == read_rows(tmp_path / "two") and one["rejected"] == 1
-    c1 = last_json(run("unsloth-prep", "convert", src, tmp_path / "c1.parquet", "--no-progress"))
+    c1 = last_json(run("unsloth-prep", "convert", src, tmp_path / "c1", "--no-progress"))
     c2 = last_json(run("unsloth-prep", "convert", src, tmp_path / "c2", "--workers", "2", "--no-progress"))
     assert c1["rows"] == c2["rows"] == 399 and c1["first_rejected_lines"] == c2["first_rejected_lines"] == [8]
-    assert pq.read_table(tmp_path / "c1.parquet").to_pylist() == pq.read_table(tmp_path / "c2").to_pylist()
+    assert pq.read_table(data_files(tmp_path / "c1")).to_pylist() == pq.read_table(data_files(tmp_path / "c2")).to_pylist()
 
 
 # ---------------------------------------------------------------- the renderer and the reference engine

@@ -789,12 +789,16 @@ def _join_files(files: list, dst) -> None:
                 with open(f, "rb") as src: shutil.copyfileobj(src, out)
                 os.remove(f)
 
-# %% ../nbs/03_convert.ipynb #0b1f6c79
+# %% ../nbs/03_convert.ipynb #c6bce9f5
 class ConvertStep(Step):
     "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
     name, command, columns = "convert", "convert", ()
     options = ("syntax", "compression", "compression_level", "batch_rows", "row_group_mb", "block_mb", "rows_per_file")
     sums = ("rows", "rejected", "blank", "lines", "input_bytes", "blocks", "slow_blocks")
+
+    def check(self, opts):
+        "The codec and its level, refused before anything is read or written."
+        _check_codec(opts.compression, opts.compression_level)
 
     def run(self, job: dict, state=None, report=None) -> dict:
         "Convert each piece of one shard into its own Parquet file(s); the counts summed."
