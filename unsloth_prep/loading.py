@@ -16,7 +16,7 @@ from .base import atomic_path, check_paths
 __all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'MEDIA', 'SHAREGPT_TAGS', 'check_file',
            'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line', 'read_line',
            'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet', 'iter_parquet',
-           'iter_text', 'iter_arrow', 'file_kind', 'resolve_files', 'foreign_encoding', 'array_bounds', 'array_shards',
+           'iter_text', 'iter_arrow', 'foreign_encoding', 'file_kind', 'resolve_files', 'array_bounds', 'array_shards',
            'plan_shards', 'iter_file', 'shards_note', 'file_identity', 'is_hub_name', 'hub_stream', 'load_stream',
            'normalize_record', 'detect_format', 'parse_mapping', 'check_mapping', 'shards_format', 'iter_conversations',
            'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text',
@@ -439,6 +439,19 @@ def iter_arrow(path, batch_size: int = 1024) -> Iterator[tuple[int, dict]]:
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{path}: not a valid Arrow file (row {i}: {e})") from None
 
+# %% ../nbs/02_loading.ipynb #ec8fa9f2
+_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"), (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
+         (b"\xfe\xff", "UTF-16 (big-endian)"), (b"\xff\xfe", "UTF-16 (little-endian)"))
+
+def foreign_encoding(head: bytes) -> str | None:
+    "Why the first bytes of a JSON file are not UTF-8 text (a UTF-16 or UTF-32 file), or None."
+    name = next((n for bom, n in _BOMS if head.startswith(bom)), None)
+    if name is None and head.count(0):
+        nul, odd = head.count(0), head[1::2].count(0)
+        name = "UTF-32" if 2 * nul > len(head) else f"UTF-16 ({'little' if 2 * odd > nul else 'big'}-endian)"
+    if name is None: return None
+    return f"the file is {name} text, not UTF-8; save it as UTF-8 (iconv -f {name.split()[0]} -t UTF-8 FILE > NEW)"
+
 # %% ../nbs/02_loading.ipynb #bb8c0073
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
                  ".parquet": "parquet", ".pq": "parquet", ".txt": "text", ".arrow": "arrow"}
@@ -544,19 +557,6 @@ def _url_files(url: str, split) -> list[str]:
     listing = _remote(url, lambda: fs.ls(p, detail=True))
     return sorted(fs.unstrip_protocol(i["name"]) for i in listing
                   if i["type"] == "file" and _base_suffix(i["name"]) in DATA_SUFFIXES)
-
-# %% ../nbs/02_loading.ipynb #ec8fa9f2
-_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"), (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
-         (b"\xfe\xff", "UTF-16 (big-endian)"), (b"\xff\xfe", "UTF-16 (little-endian)"))
-
-def foreign_encoding(head: bytes) -> str | None:
-    "Why the first bytes of a JSON file are not UTF-8 text (a UTF-16 or UTF-32 file), or None."
-    name = next((n for bom, n in _BOMS if head.startswith(bom)), None)
-    if name is None and head.count(0):
-        nul, odd = head.count(0), head[1::2].count(0)
-        name = "UTF-32" if 2 * nul > len(head) else f"UTF-16 ({'little' if 2 * odd > nul else 'big'}-endian)"
-    if name is None: return None
-    return f"the file is {name} text, not UTF-8; save it as UTF-8 (iconv -f {name.split()[0]} -t UTF-8 FILE > NEW)"
 
 # %% ../nbs/02_loading.ipynb #0f828ad3
 def _structure(a, instr: bool, depth: int):
@@ -665,7 +665,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 
-# %% ../nbs/02_loading.ipynb #4b49c7e8
+# %% ../nbs/02_loading.ipynb #b891c7df
 _WHOLE = {"json_array": "a JSON array", "csv": "a CSV file", "tsv": "a TSV file", "text": "a text file"}
 
 def _last_byte(path) -> bytes:
@@ -678,8 +678,8 @@ def _uncut(path: str, kind: str, pieces: int, share: int) -> str:
     "Why one file gave `pieces` shards and not `share`."
     if kind == "parquet": return f"{path} has {pieces} row group(s) (a Parquet file is cut between row groups)"
     if kind not in ("jsonl", "json_array"): return f"{path} is {_WHOLE.get(kind, kind)}, read whole"
-    if compression_of(path): return f"{path} is compressed, read whole"
     if kind == "json_array" and is_url(path): return f"{path} is a JSON array at a URL, read whole"
+    if compression_of(path): return f"{path} is compressed, read whole"
     if kind == "json_array": return f"{path} gave {pieces} range(s) (a JSON array is cut between elements)"
     size = os.path.getsize(path)
     lines = _lines_before(path, size) + (_last_byte(path) != b"\n") if 0 < size <= 64 << 20 else None
