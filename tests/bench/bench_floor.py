@@ -133,7 +133,8 @@ COMPARE = r'''
 def compare(rows_ids, rows_labels, ours_path):
     "How many of the peer's rows equal ours: same ids, same ids and labels (rows in the same order)."
     import pyarrow.parquet as pq
-    from unsloth_prep.base import shard_paths
+    try: from unsloth_prep.outputs import prepared_files as shard_paths      # an output folder (Hub layout)
+    except ImportError: from unsloth_prep.base import shard_paths            # an older package's file or shards
     same_ids = same_both = n = 0
     k = 0
     for f in shard_paths(ours_path):
