@@ -167,7 +167,8 @@ trainer._tokenizer, trainer.chat_template, trainer.completion_only_loss = tok, N
 out = SFTTrainer._prepare_dataset(trainer, ds, tok, args, False, None, "train")
 secs = time.perf_counter() - t0
 ids = out["input_ids"]
-labels = [[i if m else -100 for i, m in zip(x, cm)] for x, cm in zip(ids, out["completion_mask"])]
+if "labels" in out.column_names: labels = out["labels"]              # TRL >= 1.15 builds the labels itself
+else: labels = [[i if m else -100 for i, m in zip(x, cm)] for x, cm in zip(ids, out["completion_mask"])]
 print(json.dumps({"prep_s": secs, **compare(ids, labels, OURS)}))
 '''
 
