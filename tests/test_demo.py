@@ -3,6 +3,8 @@ holds a clone named `unsloth_prep` (the stages import the installed package); ea
 import json, math, subprocess
 from pathlib import Path
 
+from clitools import read_rows
+
 
 def _beside_a_clone(folder: Path) -> Path:
     "A folder holding a directory named `unsloth_prep` with an unrelated package in it: where the demo is run from."
@@ -93,7 +95,6 @@ def test_demo_pretrain(tmp_path):
 
 def test_demo_vision(tmp_path):
     "`demo --task vision`: drawn images, the tiny vision model, image tokens in the rows, a few LoRA steps."
-    import pyarrow.parquet as pq
     from unsloth_prep.tokenizer import load_tokenizer
     out = tmp_path / "demo_out" / "vision"
     proc = subprocess.run(["unsloth-prep", "demo", "--task", "vision", "--out", str(out.parent)], capture_output=True,
@@ -119,7 +120,7 @@ def test_demo_vision(tmp_path):
     gen = report["stages"]["generate"]["summary"]
     assert 0 < prep["images"] <= gen["images"] and prep["rows"] + prep["dropped"] + prep["rejected"] == gen["records"]
     pad = load_tokenizer(summary["artefacts"]["model"]).convert_tokens_to_ids("<|image_pad|>")
-    rows = pq.read_table(summary["artefacts"]["prepared"]).to_pylist()
+    rows = read_rows(summary["artefacts"]["prepared"])  # prepare's output folder (the Hub's layout)
     assert len(rows) == prep["rows"] > 0
     for r in rows:
         where = [i for i, t in enumerate(r["input_ids"]) if t == pad]

@@ -170,9 +170,6 @@ def test_convert_workers_equal_one_process(tmp_path, case):
     else: assert one["rejects"] is None and not (tmp_path / "one.rejects.jsonl").exists()
 
 
-@pytest.mark.xfail(reason="core bug: `convert` with nothing rejected writes an empty OUT/rejects.jsonl and its "
-                          "summary says `rejects: OUT/rejects.jsonl` (ConvertStep.run creates the shard's rejects file "
-                          "even when empty; the library convert says None)", strict=True)
 @pytest.mark.parametrize("workers", [1, 2])
 def test_convert_with_nothing_rejected_has_no_rejects_file(tmp_path, workers):
     name, data, _, _ = CASES["blank_crlf_whitespace"]

@@ -114,7 +114,7 @@ def test_early_stopping_on_eval_loss(prepared):
     s = train(cfg)
     report = json.loads(Path(s["report"]).read_text())
     assert s["steps"] < 12 and s["steps"] == report["eval_curve"][-1][0] and len(report["eval_curve"]) <= 2
-    with pytest.raises(ValueError, match="'early_stopping.patience' needs 'data.eval_path'"):
+    with pytest.raises(ValueError, match="'early_stopping.patience' needs eval rows"):
         train(load_config(_config(prepared, early_stopping={"patience": 1}, output_dir=str(d / "x2"))))
 
 
@@ -149,9 +149,6 @@ def test_cli_train_image_rows(tmp_path):
     assert code == 2 and "was prepared with tokenizer" in s["error"] and "Traceback" not in err, (s, err[-2000:])
 
 
-@pytest.mark.xfail(reason="core bug: `train` on an output folder with a validation split and `trainer.eval_steps` "
-                          "stops with \"'trainer.eval_steps' needs 'data.eval_path'\" (training._schedule checks "
-                          "data.eval_path only; prepare_eval would use the validation split)", strict=True)
 def test_cli_train_evaluates_the_validation_split(prepared, tmp_path):
     "`prepare --eval-size` writes the validation split; `train` on that folder evaluates it every eval_steps."
     from unsloth_prep.fixtures import write_records

@@ -226,7 +226,11 @@ def eos_not_end_of_turn(ctx: Context):
     end = (MARKER_RE.findall(after) or [after.strip()[:20] or "nothing"])[0]
     return hit(f"assistant turns end with {end!r}; the tokenizer's eos is {eos!r}", where="template")
 
-# %% ../nbs/06b_checks.ipynb #c9550380
+# %% ../nbs/06b_checks.ipynb #71f3a4d8
+register("doubled_bos", "error", "input_ids start with two BOS tokens: the model sees a sequence start it never saw",
+         "tokenize with `tokenize_conversation` (`unsloth-prep prepare`): it encodes the rendered template with "
+         "add_special_tokens=False")
+
 @register("bos_in_template", "info", "the chat template writes BOS and encoding adds another: a pipeline that "
           "encodes the rendered text with add_special_tokens=True gets two (`prepare` encodes without, one BOS)",
           "in your own code, encode rendered text with add_special_tokens=False (as `tokenize_conversation` does)",
@@ -240,10 +244,6 @@ def bos_in_template(ctx: Context):
     ids = t(text)["input_ids"]
     if len(ids) < 2 or ids[0] != t.bos_token_id or ids[1] != t.bos_token_id: return None
     return hit(f"the template renders {t.bos_token!r} and tokenizer(text) adds another", where="template")
-
-register("doubled_bos", "error", "input_ids start with two BOS tokens: the model sees a sequence start it never saw",
-         "tokenize with `tokenize_conversation` (`unsloth-prep prepare`): it encodes the rendered template with "
-         "add_special_tokens=False")
 
 # %% ../nbs/06b_checks.ipynb #b99ec9b5
 @register("no_trainable_tokens", "error", "rows with no token to train (no assistant turn, or every label -100): "

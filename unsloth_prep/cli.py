@@ -9,8 +9,8 @@ from . import __version__
 from .memory import own_peak_mb
 
 # %% auto #0
-__all__ = ['COMMANDS', 'top_parser', 'command_parser', 'one_line', 'peak_rss_mb', 'finish', 'Lines', 'own_stdout', 'Interrupted',
-           'main']
+__all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser', 'one_line', 'peak_rss_mb',
+           'finish', 'Lines', 'own_stdout', 'Interrupted', 'main']
 
 # %% ../nbs/10_cli.ipynb #79d04305
 COMMANDS = {
@@ -28,23 +28,51 @@ COMMANDS = {
     "export": ("unsloth_prep.export", "merge a run's LoRA adapter into the base model, with its tokenizer"),
 }
 
-# %% ../nbs/10_cli.ipynb #85d24fbb
+# %% ../nbs/10_cli.ipynb #79077282
+ORDER = ("demo", "doctor", "prepare", "train")
+EPILOG = """order: demo -> doctor -> prepare -> train
+  1. unsloth-prep demo                                   the whole pipeline on generated data: the install works
+  2. unsloth-prep doctor DATA --tokenizer T              what in DATA would break fine-tuning, and the fix
+  3. unsloth-prep prepare DATA --tokenizer T --out OUT   tokenize and mask once, into Parquet
+  4. unsloth-prep train CONFIG.yaml                      LoRA with Unsloth on OUT (or load OUT in your own notebook)
+each command: unsloth-prep COMMAND --help"""
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    "Help that shows every option's default (on/off for a switch) unless its text says it (or `required`)."
+    def _get_help_string(self, action):
+        text = action.help or ""
+        said = "default" in text or text.endswith("required")
+        if not action.option_strings or said or isinstance(action, (argparse._HelpAction, argparse._VersionAction)):
+            return text
+        if isinstance(action, argparse._StoreTrueAction): value = "off"
+        elif isinstance(action, argparse._StoreFalseAction): value = "on"
+        else: value = "none" if action.default in (None, []) else str(action.default).replace("%", "%%")
+        return f"{text} (default: {value})".strip()
+
+class Parser(argparse.ArgumentParser):
+    "A parser whose error is one line, `PROG: error: WHAT; see PROG --help`, and exit 2 (no usage block)."
+    def __init__(self, *args, **kw): super().__init__(*args, formatter_class=HelpFormatter, **kw)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}; see {self.prog} --help\n")
+
+# %% ../nbs/10_cli.ipynb #32156e4f
 def top_parser() -> argparse.ArgumentParser:
-    "The top-level parser: lists the subcommands (their arguments are added on demand)."
-    desc = "Memory-safe dataset preparation and fine-tuning with Unsloth."
-    p = argparse.ArgumentParser(prog="unsloth-prep", description=desc)
+    "The top-level parser: lists the subcommands (their arguments are added on demand) and the order to run them."
+    desc = "Memory-safe dataset preparation and fine-tuning with Unsloth. Run demo, then doctor, prepare, train."
+    p = Parser(prog="unsloth-prep", description=desc, epilog=EPILOG)
     p.add_argument("--version", action="version", version=f"unsloth_prep {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", title="commands")
     for name, (_, help_) in COMMANDS.items():
         sub.add_parser(name, help=help_, add_help=False)
     return p
 
-# %% ../nbs/10_cli.ipynb #c35da69a
+# %% ../nbs/10_cli.ipynb #5a2fcbe9
 def command_parser(name: str):
     "The full parser of one subcommand, its module (imported now) and the prefix of its `_args`/`_main` functions."
     module_name, prefix = COMMANDS[name][0], name.replace("-", "_")
     module = importlib.import_module(module_name)
-    p = argparse.ArgumentParser(prog=f"unsloth-prep {name}", description=COMMANDS[name][1])
+    p = Parser(prog=f"unsloth-prep {name}", description=COMMANDS[name][1])
     getattr(module, prefix + "_args")(p)
     return p, module, prefix
 

@@ -768,11 +768,11 @@ CODECS = ("zstd", "snappy", "gzip", "lz4", "brotli", "none")
 declare("syntax", "--syntax", "--format", default="auto", choices=("auto", "jsonl", "json_array"),
         help="file syntax: JSON Lines or one JSON array (--format elsewhere is the record format)")
 declare("compression", default="zstd", choices=CODECS, help="Parquet codec")
-declare("compression_level", parse=int, help="codec level (zstd: 1-22)")
+declare("compression_level", parse=int, help="codec level (zstd: 1-22; default: the codec's own)")
 declare("batch_rows", parse=positive_int, default=100_000, help="max rows per row group")
 declare("row_group_mb", parse=positive_float, default=4, help="max in-memory MB per row group")
 declare("block_mb", parse=positive_float, default=2, help="input block size in MB")
-declare("rows_per_file", parse=positive_int, help="at most N rows per output file")
+declare("rows_per_file", parse=positive_int, help="at most N rows per output file (default: no limit)")
 
 # %% ../nbs/03_convert.ipynb #604a9384
 def _convert_kw(o) -> dict:

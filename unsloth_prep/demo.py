@@ -115,19 +115,20 @@ def train_config(out: Path, model: str, data: Path, max_seq_length: int, steps: 
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
 
-# %% ../nbs/09_demo.ipynb #8d5462f5
+# %% ../nbs/09_demo.ipynb #45a6b063
 def _pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "Run the stages in order through `stage(name, *argv)`; the paths of what they wrote."
-    raw, data, packed, merged = out / "data.jsonl", out / "data.parquet", out / "packed.parquet", out / "merged"
+    raw, data, packed, merged = out / "data.jsonl", out / "data", out / "packed", out / "merged"
     stage("generate", "generate", raw, "--n", records, "--malformed-rate", 0.002, "--empty-rate", 0.005,
           "--huge-every", max(records // 3, 1), "--seed", seed)
     model = stage("tiny-model", "tiny-model")["path"]
     stage("inspect", "inspect", raw, "--rejects", out / "inspect.rejects.jsonl")
     stage("doctor", "doctor", raw, "--tokenizer", model, "--max-seq-length", max_seq_length, ok_codes=(0, 1))
     conv = stage("convert", "convert", raw, data, "--no-progress", "--overwrite")
-    stats = stage("stats", "stats", data, "--tokenizer", model)
+    rows = data / "*.parquet"  # convert's output folder: its Parquet files (beside them its manifest and README)
+    stats = stage("stats", "stats", rows, "--tokenizer", model)
     (out / "stats.json").write_text(json.dumps(stats) + "\n")
-    config = train_config(out, model, packed, max_seq_length, steps, source=data)  # packing: true
+    config = train_config(out, model, packed, max_seq_length, steps, source=rows)  # packing: true
     stage("prepare", "prepare", "--config", config)   # the run's own YAML: prepared data and run cannot disagree
     stage("plan", "plan", "--model", model, "--gpu", "T4", "--stats", out / "stats.json")
     trained = stage("train", "train", config)
@@ -137,10 +138,10 @@ def _pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, st
             "packed": str(packed), "model": model, "adapter": trained.get("adapter"),
             "train_report": trained.get("report"), "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #60b995b6
+# %% ../nbs/09_demo.ipynb #cbef5537
 def _dpo_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "The preference stages, from generated pairs to a merged DPO model; the paths of what they wrote."
-    raw, rows, merged = out / "pairs.jsonl", out / "pairs.parquet", out / "merged"
+    raw, rows, merged = out / "pairs.jsonl", out / "pairs", out / "merged"
     stage("generate", "generate", raw, "--format", "pairs", "--n", records, "--defect-every", max(records // 20, 1),
           "--seed", seed)
     model = stage("tiny-model", "tiny-model")["path"]
@@ -155,10 +156,10 @@ def _dpo_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int
     return {"data": str(raw), "prepared": str(rows), "model": model, "adapter": trained.get("adapter"),
             "merged": str(merged)}
 
-# %% ../nbs/09_demo.ipynb #0c35bf27
+# %% ../nbs/09_demo.ipynb #daf8944d
 def _pretrain_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "The continued-pretraining stages, from a generated corpus to a merged model; the paths of what they wrote."
-    raw, blocks, merged = out / "corpus.jsonl", out / "blocks.parquet", out / "merged"
+    raw, blocks, merged = out / "corpus.jsonl", out / "blocks", out / "merged"
     stage("generate", "generate", raw, "--format", "text", "--n", records, "--malformed-rate", 0.005,
           "--empty-rate", 0.01, "--huge-every", max(records // 2, 1), "--seed", seed)
     model = stage("tiny-model", "tiny-model")["path"]
@@ -183,10 +184,10 @@ peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"path": str(path), "seconds": round(time.perf_counter() - t0, 3), "peak_rss_mb": round(peak, 1)}))
 """)  # the tiny vision model + its processor folder, built once into the cache folder and reused
 
-# %% ../nbs/09_demo.ipynb #bdbc0834
+# %% ../nbs/09_demo.ipynb #d08b214d
 def _vision_pipeline(stage, out: Path, records: int, seed: int, max_seq_length: int, steps: int) -> dict:
     "The image stages, from drawn images to a LoRA adapter on the tiny vision model; the paths of what they wrote."
-    folder, rows = out / "vision", out / "vision.parquet"
+    folder, rows = out / "vision", out / "vision_rows"
     raw = folder / "vision.json"
     stage("generate", "generate", folder, "--format", "vision", "--n", records, "--seed", seed)
     model = stage("tiny-model", cmd=VISION_MODEL_CMD)["path"]

@@ -438,7 +438,9 @@ def _mapping(text: str | None) -> dict | None:
     "The `--mapping` JSON object (canonical field -> column); ValueError naming the option when it is not one."
     if not text: return None
     try: m = json.loads(text)
-    except json.JSONDecodeError as e: raise ValueError(f"--mapping {text!r}: not valid JSON ({e.msg})") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--mapping {text!r}: not valid JSON ({e.msg}); write it as "
+                         """--mapping '{"output": "answer"}'""") from None
     if not isinstance(m, dict): raise ValueError(f"--mapping {text!r}: must be a JSON object (field -> column)")
     return m
 
@@ -530,7 +532,11 @@ def doctor_args(parser):
     parser.add_argument("--sample", type=positive_int, default=None, help="check only the first N records (faster)")
     parser.add_argument("--format", default="auto", help="source format (default: detect)")
     parser.add_argument("--mapping", default=None, help='JSON canonical field -> column, e.g. \'{"output": "answer"}\'')
-    parser.add_argument("--train-on", default="all-assistant", choices=("all-assistant", "last-assistant"))
+    parser.add_argument("--train-on", default="all-assistant", choices=("all-assistant", "last-assistant"),
+                        help="which tokens train, as in prepare: all-assistant (TRL assistant_only_loss or "
+                             "completion_only_loss, Unsloth train_on_responses_only, LLaMA-Factory train_on_prompt: "
+                             "false, Axolotl train_on_inputs: false / roles_to_train: [assistant]), last-assistant "
+                             "(LLaMA-Factory mask_history: true)")
     parser.add_argument("--write-clean", default=None, metavar="OUT", help="write a copy without the flagged records")
     parser.add_argument("--rejects", default=None, help="write every malformed line (file, line, error, raw) as JSONL")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --rejects / --write-clean file")

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import json, os, shutil, subprocess, sys, time
 from pathlib import Path
+from .base import check_paths
 
 # %% auto #0
 __all__ = ['EXPORT_DTYPES', 'GGUF_DIRECT', 'MERGE_BYTES', 'find_adapter', 'merge_adapter', 'load_plain', 'gguf_tools',

@@ -789,7 +789,8 @@ def _get(rec: dict, field: str, mapping: dict, fmt: str, required: bool = False,
         if required:
             how = f"field '{field}'" + (f" (mapped to column '{col}')" if col != field else "")
             raise ValueError(f"{fmt} record has no {how}; columns present: {', '.join(map(str, rec)) or '(none)'}"
-                             + ("" if col != field else f"; pass mapping={{'{field}': '<your column>'}}"))
+                             + ("" if col != field else f"; give --mapping '{{\"{field}\": \"YOUR_COLUMN\"}}' "
+                                                          "(mapping= in Python)"))
         return default
     return val
 
@@ -1080,7 +1081,8 @@ def detect_format(records: Iterable[dict], mapping: dict | None = None, n: int =
     if not votes:
         raise ValueError(f"cannot detect the format: columns seen {sorted(cols) or '(no records)'}; expected one of "
                          "instruction/output (alpaca), conversations (sharegpt), messages (openai), chosen/rejected "
-                         "(preference), text; pass fmt=... and mapping={canonical: column}")
+                         "(preference), text; give --format and --mapping '{\"messages\": \"YOUR_COLUMN\"}' "
+                         "(format= and mapping= in Python)")
     return votes.most_common(1)[0][0]
 
 # %% ../nbs/02_loading.ipynb #06bfb19f
@@ -1128,7 +1130,9 @@ def parse_mapping(text, what: str = "--mapping") -> dict | None:
     "A `--mapping` JSON text (canonical field -> column name, optional `tags` object) as a checked dict; None if empty."
     if text is None or text == "": return None
     try: m = json.loads(text)
-    except ValueError as e: raise ValueError(f"{what}: not valid JSON ({e}): {str(text)[:80]!r}") from None
+    except ValueError as e:
+        raise ValueError(f"{what}: not valid JSON ({e}): {str(text)[:80]!r}; write it as "
+                         """--mapping '{"messages": "conversation"}'""") from None
     return check_mapping(m, what)
 
 def check_mapping(m, what: str = "mapping") -> dict | None:
@@ -1239,7 +1243,7 @@ def _registry_path(file: Path, name: str, file_name, allow_outside: bool) -> str
 
 # %% ../nbs/02_loading.ipynb #9f3939d9
 _LF_ALPACA = {"prompt": "instruction", "query": "input", "response": "output"}
-_LF_COMMON = ("history", "system", "tools", "images", "videos", "audios", "chosen", "rejected")
+_LF_COMMON = ("history", "system", "tools", "images", "videos", "audios", "chosen", "rejected", "kto_tag")
 
 def read_dataset_info(path, name: str, allow_outside: bool = False) -> dict:
     """Entry `name` of a LLaMA-Factory dataset_info.json as loader arguments: data, fmt, mapping, split, num_samples.

@@ -396,7 +396,8 @@ def _name_files(build, split: str, files: list) -> list[dict]:
 
 def _join_rejects(summaries: list, dst) -> Path | str | None:
     "Join the shards' rejects files, in input order, into `dst` (here or in a store, whole); None when none."
-    files = [s["rejects_file"] for s in summaries if s.get("rejects_file") and exists(s["rejects_file"])]
+    files = [s["rejects_file"] for s in summaries if s.get("rejects_file") and exists(s["rejects_file"])
+             and file_size(str(s["rejects_file"]))]
     if not files: return None
     folder, name = (dst.rsplit("/", 1) if is_url(str(dst)) else (Path(dst).parent, Path(dst).name))
     with staged(folder) as here, atomic_path(here / name) as tmp_path, open(tmp_path, "wb") as out:

@@ -78,6 +78,11 @@ def detect_task(data, mapping=None) -> Step:
     if first is None: raise ValueError(f"{data}: no records to detect the task from")
     return detect_step(first, mapping) or get_step("sft")
 
+def _detect_from(data, opts: Options) -> tuple:
+    "`(data, mapping)` the task is detected from: the `--dataset-info` entry DATA names, or DATA itself."
+    data, resolved = resolve_data(data, opts)
+    return data, resolved.mapping
+
 def parse_request(given: dict, source: str = "cli", config=None) -> tuple:
     "`(data, options, step)` of a prepare run from what the user `given` (and a `config` YAML)."
     from_cfg = {k: v for k, v in (config_values(config) if config else {}).items() if given.get(k) is None}
@@ -85,16 +90,24 @@ def parse_request(given: dict, source: str = "cli", config=None) -> tuple:
     data, task = values.pop("data", None), values.pop("task", None) or "sft"
     opts = make_options(values, source)
     if opts.strict: opts = opts.replace(on_error="raise")
-    step = detect_task(data, opts.mapping) if task == "auto" else get_step(task)
+    step = detect_task(*_detect_from(data, opts)) if task == "auto" else get_step(task)
     step = step.specialise(opts)
     opts = for_step(opts, step, source, set(from_cfg))
     step.check(opts)
     return data, opts, step
 
-# %% ../nbs/04e_pipeline.ipynb #a822ed0e
+# %% ../nbs/04e_pipeline.ipynb #7613817d
+def _mapping(text):
+    "The `--mapping` JSON text as a dict; ValueError naming the option, with an example, when it is not JSON."
+    try: return json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"--mapping {text[:60]!r} is not JSON ({e.args[0].split(':')[0]}); write it as "
+                         """--mapping '{"messages": "conversation"}' (mapping={"messages": "conversation"} in """
+                         "Python)") from None
+
 def resolve_data(data, opts: Options) -> tuple:
     "`(data, opts)`: DATA itself, or the file, format and mapping of the `--dataset-info` entry it names."
-    mapping = json.loads(opts.mapping) if isinstance(opts.mapping, str) else opts.mapping
+    mapping = _mapping(opts.mapping) if isinstance(opts.mapping, str) else opts.mapping
     if not opts.dataset_info: return data, opts.replace(mapping=mapping)
     e = read_dataset_info(opts.dataset_info, data)
     fmt = e["fmt"] if opts.format == "auto" and e["fmt"] != "preference" else opts.format
@@ -214,7 +227,7 @@ def summary_of(m: dict, out: Path, opts: Options) -> dict:
     return {**s, "rejects": str(join(out, rej)) if rej == REJECTS else rej, "first_rejected_lines": first,
             "worker_peak_rss_mb": max(peaks, default=None), "encoder": encoder}
 
-# %% ../nbs/04e_pipeline.ipynb #5cf07a96
+# %% ../nbs/04e_pipeline.ipynb #ac1a0f31
 def _report(s: dict):
     "The human lines of a prepare run."
     why = ", ".join(f"{k} {v:,}" for k, v in sorted((s.get("dropped_reasons") or {}).items()))
@@ -226,12 +239,24 @@ def _report(s: dict):
         print(f"warning: the template drops part of some records: {s['lost_parts']}", file=sys.stderr)
     if s.get("eval"): print(f"validation: {s['eval']['rows']:,} rows")
 
+def _hint(s: dict, opts: Options) -> str | None:
+    "One line: how to train on the rows in your own notebook (chat rows and pretraining blocks), else None."
+    if s["task"] not in ("sft", "pretrain"): return None
+    packed = s["task"] == "pretrain" or bool(getattr(opts, "pack", False))
+    collator = "PackedCollator" if packed else "PaddingCollator"
+    template = f"get_chat_template(tokenizer, {opts.template!r}) as prepared, " if opts.template else ""
+    return (f"your own trainer: {template}SFTTrainer(train_dataset=load_prepared({s['out']!r}), "
+            f"data_collator={collator}.from_tokenizer(tokenizer), args=SFTConfig(dataset_kwargs="
+            f"{{'skip_prepare_dataset': True}}, remove_unused_columns=False, max_length={opts.max_seq_length}, "
+            f"packing=False)); README: Use the prepared data in your own notebook")
+
 def prepare_main(args) -> dict:
     "`unsloth-prep prepare`: one pipeline for every task (one process, workers or Ray; eval split; pack; resume)."
     given = {k: v for k, v in vars(args).items() if k in OPTIONS or k in ("data", "task")}
     data, opts, step = parse_request(given, "cli", args.config)
     s = run_prepare(data, opts, step, args.config)
     _report(s)
+    if _hint(s, opts): print(_hint(s, opts))
     return s
 
 # %% ../nbs/04e_pipeline.ipynb #2848c8fd

@@ -110,11 +110,7 @@ def _where(place: tuple) -> str:
 def _info_entry(dataset_info, name: str) -> tuple[str, dict]:
     "Data path and mapping of a LLaMA-Factory registry entry, the `kto_tag` column included."
     entry = loading.read_dataset_info(dataset_info, name)
-    file = Path(dataset_info) / "dataset_info.json" if Path(dataset_info).is_dir() else Path(dataset_info)
-    cols = json.loads(file.read_text(encoding="utf-8"))[name].get("columns") or {}
-    mapping = dict(entry["mapping"])
-    if "kto_tag" in cols: mapping["kto_tag"] = cols["kto_tag"]
-    return entry["data"], mapping
+    return entry["data"], entry["mapping"]
 
 # %% ../nbs/04c_preference.ipynb #751107eb
 def _paired(rec: dict, mapping) -> bool:

@@ -38,11 +38,13 @@ def declare(name: str, *flags, **kw) -> Option:
 # %% ../nbs/02a_steps.ipynb #a34b45c6
 ON_ERROR, ENGINES = ("raise", "skip"), ("local", "ray")
 _COMMON = dict(
-    tokenizer=dict(help="tokenizer (or model / processor) folder, or a Hub name"),
+    tokenizer=dict(help="tokenizer (or model / processor) folder, or a Hub name; required"),
     format=dict(default="auto", help="record format: auto, alpaca, sharegpt, openai, ..."),
-    mapping=dict(help='JSON: canonical field -> your column, e.g. \'{"chosen": "good"}\''),
+    mapping=dict(help='JSON: canonical field -> your column, e.g. \'{"messages": "conversation"}\' '
+                      "(default: the format's own field names)"),
     dataset_info=dict(help="LLaMA-Factory dataset_info.json (then DATA is its entry name)"),
-    out=dict(help="output folder (the Hub's layout: train-*.parquet, validation-*.parquet, _manifest.json)"),
+    out=dict(help="output folder (the Hub's layout: train-*.parquet, validation-*.parquet, _manifest.json); "
+                  "required"),
     on_error=dict(default="raise", choices=ON_ERROR, help="malformed records: stop, or skip and keep them"),
     strict=dict(flag=True, default=False, help="stop on any loss: malformed records, or parts a template drops"),
     rejects=dict(help="rejected records as JSON Lines (default: OUT/rejects.jsonl)"),
@@ -50,8 +52,10 @@ _COMMON = dict(
     workers=dict(parse=positive_int, default=1, help="worker processes (Ray actors with --engine ray)"),
     shards=dict(parse=positive_int, help="pieces of work the input is cut into (default: a few per worker)"),
     engine=dict(default="local", choices=ENGINES, help="local processes, or Ray Data (RAY_ADDRESS when set)"),
-    eval_fraction=dict(parse=fraction, help="share of records for the validation split (by record hash)"),
-    eval_size=dict(parse=positive_int, help="exactly N distinct records for the validation split"),
+    eval_fraction=dict(parse=fraction, help="share of records for the validation split (by record hash) "
+                                               "(default: none, no validation split)"),
+    eval_size=dict(parse=positive_int, help="exactly N distinct records for the validation split (default: none, no "
+                                                   "validation split)"),
     split_seed=dict(parse=int, default=0, help="another seed gives another split"),
     dedup=dict(flag=True, default=False, help="drop exact duplicate records first (counted)"),
     overwrite=dict(flag=True, default=False, help="replace an existing --out that unsloth-prep did not write "
@@ -59,9 +63,10 @@ _COMMON = dict(
 )
 for _name, _kw in _COMMON.items(): declare(_name, **_kw, common=True)
 declare("max_seq_length", "--max-seq-length", "--max-length", parse=positive_int, common=True,
-        help="tokens per row (TRL: max_length)")
+        help="tokens per row (TRL: max_length) (default: none, rows are not cut; packing and "
+             "pretraining blocks need it)")
 declare("progress", "--no-progress", flag=True, negate=True, common=True,
-        help="no progress line (it shows on a terminal only)")
+        help="no progress line (default: a progress line, on a terminal only)")
 declare("on_overflow", default="truncate", choices=("truncate", "drop", "raise", "split"),
         help="rows over --max-seq-length: truncate, drop or raise (pack: drop, raise or split)")
 

@@ -842,8 +842,11 @@ declare("template", help="chat template: an Unsloth name (chatml, llama-3.1, qwe
                           "tokenizer's own")
 declare("encoder", default="auto", choices=ENCODERS, common=True, help="token encoder engine")
 declare("train_on", default="all-assistant", choices=TRAIN_ON,
-        help="which turns train: all-assistant (TRL assistant_only_loss, Unsloth train_on_responses_only), "
-             "last-assistant, all (LLaMA-Factory train_on_prompt, Axolotl train_on_inputs)")
+        help="which tokens train: all-assistant = every assistant turn (TRL assistant_only_loss=True, or "
+             "completion_only_loss=True on prompt/completion rows; Unsloth train_on_responses_only; LLaMA-Factory "
+             "train_on_prompt: false; Axolotl train_on_inputs: false, roles_to_train: [assistant]); "
+             "last-assistant = the final reply only (LLaMA-Factory mask_history: true); all = every token "
+             "(LLaMA-Factory train_on_prompt: true, Axolotl train_on_inputs: true)")
 declare("chars_per_token", parse=positive_int, default=8, help="character pre-truncation budget per token")
 declare("pack", flag=True, default=False, help="pack rows into full --max-seq-length rows")
 declare("drop_images", flag=True, default=False, help="a text-only tokenizer: drop the images of records that "

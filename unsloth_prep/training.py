@@ -90,7 +90,7 @@ def resolve_settings(cfg: dict, hw: dict) -> dict:
     return {"lora": lora, "load_in_4bit": bool(load_4bit), "trainer": trainer, "dtype": dtype, "source": source,
             "recommendation": rec}
 
-# %% ../nbs/07_training.ipynb #8945befe
+# %% ../nbs/07_training.ipynb #4d9ec7f9
 def _files(path, split: str = "train") -> list[str]:
     "Expand a Parquet file, output folder (its `split`), folder or glob (or a list) into files; an error if none."
     from unsloth_prep.base import is_url
@@ -113,6 +113,14 @@ def _files(path, split: str = "train") -> list[str]:
             raise FileNotFoundError(f"{p}: no prepared Parquet file found (data.path)")
         out += hits
     return out
+
+def _validation_of(path) -> list | None:
+    "The files of the validation split of a prepared output folder (`prepare --eval-fraction`), or None."
+    from unsloth_prep.base import is_url
+    from unsloth_prep.outputs import read_manifest
+    here = isinstance(path, (str, os.PathLike)) and (os.path.isdir(path) or is_url(str(path)))
+    m = read_manifest(path) if here else None
+    return _files(path, "validation") if m and "validation" in m.get("splits", {}) else None
 
 # %% ../nbs/07_training.ipynb #b3f88906
 def _check_row(row: dict, i: int, source: str, max_len: int | None):
@@ -199,7 +207,7 @@ class BatchProbe:
     def trained_tokens(self) -> int:
         return sum(t for _, t in self.built[: self.forwards])
 
-# %% ../nbs/07_training.ipynb #6f1a56d6
+# %% ../nbs/07_training.ipynb #c1d4dcdb
 def _saves(cfg: dict) -> dict:
     "Checkpoints every `trainer.save_steps` when the config sets it (the defaults save none); every task's trainer."
     given = cfg["trainer"]
@@ -209,12 +217,14 @@ def _schedule(cfg: dict, t: dict) -> dict:
     "Save, eval and early-stopping settings implied by the config (explicit `trainer` keys win)."
     given, out, src = cfg["trainer"], _saves(cfg), cfg["_source"]
     patience = (cfg.get("early_stopping") or {}).get("patience")
-    if not cfg["data"].get("eval_path"):
+    if not (cfg["data"].get("eval_path") or _validation_of(cfg["data"]["path"])):
         for k in ("eval_steps", "eval_strategy"):
             if given.get(k) not in (None, "no"):
-                raise ValueError(f"{src}: 'trainer.{k}' needs 'data.eval_path' (the prepared eval Parquet)")
+                raise ValueError(f"{src}: 'trainer.{k}' needs eval rows: 'data.eval_path' or a validation split "
+                                 "in data.path (prepare --eval-size)")
         if patience:
-            raise ValueError(f"{src}: 'early_stopping.patience' needs 'data.eval_path' (the eval loss it watches)")
+            raise ValueError(f"{src}: 'early_stopping.patience' needs eval rows ('data.eval_path' or a validation "
+                             "split): the eval loss it watches")
         return out
     if "eval_strategy" not in given:
         out["eval_strategy"] = "steps"
@@ -307,15 +317,6 @@ def prepare_data(cfg: dict, train_dataset=None):
     if info["packed"] and "seq_lengths" not in info["columns"] and "seq_lengths" not in (ds.column_names or []):
         raise ValueError(f"{source}: packed rows need a 'seq_lengths' column (lengths of the examples in each row)")
     return ds, {**info, "source": source}
-
-# %% ../nbs/07_training.ipynb #ea03582c
-def _validation_of(path) -> list | None:
-    "The files of the validation split of a prepared output folder (`prepare --eval-fraction`), or None."
-    from unsloth_prep.base import is_url
-    from unsloth_prep.outputs import read_manifest
-    here = isinstance(path, (str, os.PathLike)) and (os.path.isdir(path) or is_url(str(path)))
-    m = read_manifest(path) if here else None
-    return _files(path, "validation") if m and "validation" in m.get("splits", {}) else None
 
 # %% ../nbs/07_training.ipynb #3609bdfe
 def prepare_eval(cfg: dict, packed: bool, eval_dataset=None):
@@ -816,10 +817,10 @@ def train_args(parser):
     parser.add_argument("config", help="YAML config: data, model, template, max_seq_length, packing, lora, trainer")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key, e.g. --set trainer.max_steps=10 (value parsed as YAML)")
-    parser.add_argument("--output-dir", default=None, help="override output_dir")
+    parser.add_argument("--output-dir", default=None, help="override output_dir (default: the config's output_dir)")
     parser.add_argument("--resume", nargs="?", const="latest", default=None, metavar="latest|PATH",
                         help="continue from the newest complete checkpoint in OUTPUT_DIR/checkpoints (or PATH); "
-                             "'latest' starts at step 0 when there is none yet")
+                             "'latest' starts at step 0 when there is none yet (default: start at step 0)")
     return parser
 
 # %% ../nbs/07_training.ipynb #4bb9243f
