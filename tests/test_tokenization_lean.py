@@ -85,6 +85,7 @@ from transformers.utils.chat_template_utils import _compile_jinja_template
 import unsloth_prep.tokenization as T, unsloth_prep.tokenizer as TK
 T.compile_template = TK.compile_template = _compile_jinja_template   # render exactly as transformers does,
 T.ChatRenderer.render_many = lambda self, items, errors=False: [self._render_one(it, errors) for it in items]  # one by one
+T.checked_template = lambda t, s, *a, **k: TK.ChatTemplate(t, s, "jinja2")   # with jinja2 only
 out = {}
 for key, path, template in CASES:
     tok = TK.apply_template(AutoTokenizer.from_pretrained(path), template)

@@ -12,9 +12,9 @@ import orjson
 MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it when reading the folder
 
 # %% auto #0
-__all__ = ['MANIFEST', 'CLOUD_EXTRA', 'positive_int', 'nonneg_int', 'positive_float', 'atomic_path', 'clean_dead',
-           'default_rejects_path', 'check_paths', 'is_url', 'url_fs', 'fraction', 'bytes_read', 'Progress',
-           'input_bytes', 'progress_iter', 'progress_args', 'round_up', 'record_key', 'ParquetSink']
+__all__ = ['MANIFEST', 'CLOUD_EXTRA', 'positive_int', 'nonneg_int', 'positive_float', 'TOKEN_PARQUET', 'atomic_path',
+           'clean_dead', 'default_rejects_path', 'check_paths', 'is_url', 'url_fs', 'fraction', 'bytes_read',
+           'Progress', 'input_bytes', 'progress_iter', 'progress_args', 'round_up', 'record_key', 'ParquetSink']
 
 # %% ../nbs/00a_base.ipynb #519b6d9a
 @contextmanager
@@ -264,3 +264,6 @@ def __exit__(self: ParquetSink, *exc):
     finally:
         done = self._cm.__exit__(*exc)
     return done
+
+# %% ../nbs/00a_base.ipynb #ca3ef994
+TOKEN_PARQUET = dict(compression="zstd", compression_level=1, use_dictionary=True)  # how token columns are written

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from .base import ParquetSink, Progress, check_paths, clean_dead, positive_int, progress_args, round_up
+from .base import TOKEN_PARQUET
 from .outputs import prepared_files, settings_of
 from fastcore.basics import patch
 
@@ -509,10 +510,11 @@ def _open_inputs(src) -> tuple[list, pa.Schema]:
         raise ValueError(f"packing needs an 'input_ids' column; columns are {schemas[0].names}")
     return files, schemas[0]
 
-# %% ../nbs/05_collators.ipynb #14cb412e
+# %% ../nbs/05_collators.ipynb #60b41c4e
 def _pack_into(dst: Path, rej_path: Path | None, files, names, keep, ctx, plan, frag, lengths, metadata, bar):
     "Second and third pass into `dst` (and the overlong rows into `rej_path`); temporary files removed on any failure."
-    runs, sinks = None, [ParquetSink(dst, metadata=metadata)] + ([ParquetSink(rej_path)] if rej_path else [])
+    sinks = [ParquetSink(dst, metadata=metadata, **TOKEN_PARQUET)]
+    runs, sinks = None, sinks + ([ParquetSink(rej_path, **TOKEN_PARQUET)] if rej_path else [])
     try:
         runs = _Runs(dst.parent / f".{dst.name}.runs-{os.getpid()}")
         with sinks[0] as out, (sinks[1] if rej_path else nullcontext()) as rej:

@@ -16,11 +16,11 @@ from .base import atomic_path, check_paths
 __all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORMATS', 'PLACE', 'MEDIA', 'SHAREGPT_TAGS',
            'check_file', 'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line',
            'read_line', 'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet',
-           'iter_parquet', 'iter_text', 'iter_arrow', 'file_kind', 'resolve_files', 'plan_shards', 'iter_file',
-           'shards_note', 'file_identity', 'is_hub_name', 'hub_stream', 'load_stream', 'normalize_record',
-           'detect_format', 'parse_mapping', 'check_mapping', 'shards_format', 'iter_conversations',
-           'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream', 'conversation_text',
-           'stream_hash', 'inspect_args', 'inspect_main']
+           'iter_parquet', 'iter_text', 'iter_arrow', 'foreign_encoding', 'file_kind', 'resolve_files', 'array_bounds',
+           'array_shards', 'plan_shards', 'iter_file', 'shards_note', 'file_identity', 'is_hub_name', 'hub_stream',
+           'load_stream', 'normalize_record', 'detect_format', 'parse_mapping', 'check_mapping', 'shards_format',
+           'iter_conversations', 'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream',
+           'conversation_text', 'stream_hash', 'inspect_args', 'inspect_main']
 
 # %% ../nbs/02_loading.ipynb #6822a84d
 from .base import is_url, url_fs
@@ -284,21 +284,29 @@ def _array_chunk_to_lines(a, depth0: int, where: str):
     if closed: data = data + b"\n" if data.strip() else b""
     return data, consumed, closed
 
-# %% ../nbs/02_loading.ipynb #0ceee474
-def iter_array_blocks(path, block_bytes: int = 2 << 20):
-    "Stream a top-level JSON array as NDJSON blocks `(block, nbytes)`, one element per line, in bounded memory."
-    depth, elem, pending, closed, eof = 0, 1, b"", False, False
+# %% ../nbs/02_loading.ipynb #7157e32f
+def _span(start: int, end: int | None) -> int | float:
+    "Bytes in `[start, end)` (end None: to the end of the file)."
+    return math.inf if end is None else end - start
+
+def iter_array_blocks(path, block_bytes: int = 2 << 20, start: int = 0, end: int | None = None, first: int = 1):
+    """Stream a top-level JSON array as NDJSON blocks `(block, nbytes)`, one element per line, in bounded memory;
+    `start`/`end`: a byte range of whole elements (`array_shards`), its first element numbered `first`."""
+    depth, elem, pending, closed, eof, left = (1 if start else 0), first, b"", False, False, _span(start, end)
     with open_binary(path) as f:
+        if start: f.seek(start)
         while not closed:
-            chunk = f.read(block_bytes) if not eof else b""
+            chunk = f.read(min(block_bytes, left)) if not eof else b""
             if not chunk: eof = True
             while chunk.endswith(b"\\"):                       # never cut a backslash run: keeps escapes local
                 more = f.read(1)
                 if not more: break
                 chunk += more
+            left -= len(chunk)
             buf = pending + chunk if pending else chunk
             if elem == 1 and depth == 0 and buf.startswith(b"\xef\xbb\xbf"): buf = buf[3:]
             if not buf.strip() and eof:
+                if end is not None and depth == 1: return      # a byte range ends after its last element
                 if depth == 0: raise ValueError(f"{path}: empty file, not a JSON array")
                 raise ValueError(f"{path}: JSON array not closed (truncated after element {elem - 1})")
             r = _array_chunk_to_lines(np.frombuffer(buf, np.uint8), depth, f"{path}: element "
@@ -309,23 +317,23 @@ def iter_array_blocks(path, block_bytes: int = 2 << 20):
                 continue
             data, consumed, closed = r
             pending, depth = buf[consumed:], 1
-            if eof and not closed:
+            if eof and not closed and end is None:
                 raise ValueError(f"{path}: JSON array not closed (truncated after element {elem - 1})")
             yield data, consumed
             elem += data.count(b"\n")
         while rest := f.read(block_bytes):
             if rest.strip(): raise ValueError(f"{path}: data after the end of the JSON array")
 
-# %% ../nbs/02_loading.ipynb #c713d664
-def iter_json_array(path, on_error: str = "raise", rejects=None,
-                    block_bytes: int = 1 << 18) -> Iterator[tuple[int, dict]]:
-    "Yield `(element_no, record)` from a top-level JSON array in bounded memory; bad elements as bad JSONL lines."
-    return _records(path, _array_elements(path, block_bytes), on_error, rejects, "element")
+# %% ../nbs/02_loading.ipynb #fa2b1176
+def iter_json_array(path, on_error: str = "raise", rejects=None, block_bytes: int = 1 << 18, start: int = 0,
+                    end: int | None = None, first: int = 1) -> Iterator[tuple[int, dict]]:
+    "Yield `(element_no, record)` from a top-level JSON array (or a byte range of it, from element `first`)."
+    return _records(path, _array_elements(path, block_bytes, start, end, first), on_error, rejects, "element")
 
-def _array_elements(path, block_bytes):
-    "`(element_no, raw)` of a JSON array, from 1."
-    n = 0
-    for data, _ in iter_array_blocks(path, block_bytes):
+def _array_elements(path, block_bytes, start=0, end=None, first=1):
+    "`(element_no, raw)` of a JSON array (or a byte range of it), from `first`."
+    n = first - 1
+    for data, _ in iter_array_blocks(path, block_bytes, start, end, first):
         for raw in data.split(b"\n")[:-1]:
             n += 1
             yield n, raw
@@ -431,6 +439,19 @@ def iter_arrow(path, batch_size: int = 1024) -> Iterator[tuple[int, dict]]:
         except (pa.ArrowException, OSError) as e:
             raise ValueError(f"{path}: not a valid Arrow file (row {i}: {e})") from None
 
+# %% ../nbs/02_loading.ipynb #ec8fa9f2
+_BOMS = ((b"\x00\x00\xfe\xff", "UTF-32 (big-endian)"), (b"\xff\xfe\x00\x00", "UTF-32 (little-endian)"),
+         (b"\xfe\xff", "UTF-16 (big-endian)"), (b"\xff\xfe", "UTF-16 (little-endian)"))
+
+def foreign_encoding(head: bytes) -> str | None:
+    "Why the first bytes of a JSON file are not UTF-8 text (a UTF-16 or UTF-32 file), or None."
+    name = next((n for bom, n in _BOMS if head.startswith(bom)), None)
+    if name is None and head.count(0):
+        nul, odd = head.count(0), head[1::2].count(0)
+        name = "UTF-32" if 2 * nul > len(head) else f"UTF-16 ({'little' if 2 * odd > nul else 'big'}-endian)"
+    if name is None: return None
+    return f"the file is {name} text, not UTF-8; save it as UTF-8 (iconv -f {name.split()[0]} -t UTF-8 FILE > NEW)"
+
 # %% ../nbs/02_loading.ipynb #bb8c0073
 DATA_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv",
                  ".parquet": "parquet", ".pq": "parquet", ".txt": "text", ".arrow": "arrow"}
@@ -444,11 +465,14 @@ def _base_suffix(path) -> str:
     return p.suffix
 
 def _first_byte(path) -> bytes:
-    "First byte of the (decompressed) content after a BOM and whitespace; b'' for an empty file."
+    "First byte of the (decompressed) content after a BOM and whitespace; b'' for an empty file; UTF-16/32 refused."
     with open_binary(path, _PEEK) as f:
-        while chunk := f.read(_PEEK):
+        chunk = f.read(_PEEK)
+        if why := foreign_encoding(chunk): raise ValueError(f"{path}: {why}")
+        while chunk:
             head = chunk.lstrip(b" \t\r\n\xef\xbb\xbf")
             if head: return head[:1]
+            chunk = f.read(_PEEK)
     return b""
 
 def file_kind(path) -> str:
@@ -534,17 +558,76 @@ def _url_files(url: str, split) -> list[str]:
     return sorted(fs.unstrip_protocol(i["name"]) for i in listing
                   if i["type"] == "file" and _base_suffix(i["name"]) in DATA_SUFFIXES)
 
+# %% ../nbs/02_loading.ipynb #0f828ad3
+def _structure(a, instr: bool, depth: int):
+    "Offsets of the brackets and commas outside strings in block `a`, their depth after each, and the state after it."
+    rq = _real_quotes(a)
+    sp = np.flatnonzero((a == _LSQ) | (a == _RSQ) | (a == _LB) | (a == _RB) | (a == _COMMA))
+    sp = sp[((np.searchsorted(rq, sp) & 1) == 1) == instr]        # outside strings (a block may start in one)
+    ch = a[sp]
+    after = depth + np.cumsum(np.where((ch == _LSQ) | (ch == _LB), 1, np.where((ch == _RSQ) | (ch == _RB), -1, 0)))
+    return sp, ch, after, instr ^ bool(len(rq) & 1)
+
+def _check_array_block(a, sp, ch, after, pos: int, where: str) -> bool:
+    "Raise on a block that breaks the array's structure; True when the array closes in it."
+    if pos == 0 and (not len(sp) or ch[0] != _LSQ or a[:sp[0]].tobytes().strip(b" \t\r\n\xef\xbb\xbf")):
+        raise ValueError(f"{where}: not a JSON array")
+    if len(after) and after.min() < 0: raise ValueError(f"{where}: unbalanced brackets")
+    ends = np.flatnonzero(after == 0)
+    if not len(ends): return False
+    if a[sp[ends[0]] + 1:].tobytes().strip(): raise ValueError(f"{where}: data after the end of the array")
+    return True
+
+# %% ../nbs/02_loading.ipynb #704551de
+def array_bounds(path, offsets: list, block_bytes: int = 8 << 20, check: bool = True) -> list[tuple[int, int]]:
+    """`(offset, element number)` of the first top-level element of a JSON array starting at or after each of the
+    sorted `offsets` (fewer when the array ends first); `check`: read to the end, ValueError when it is malformed."""
+    out, pos, depth, instr, n, closed = [], 0, 0, False, 1, False
+    with open_binary(path) as f:
+        while (chunk := f.read(block_bytes)) and (check or len(out) < len(offsets)):
+            while chunk.endswith(b"\\") and (more := f.read(1)): chunk += more   # a backslash run stays whole
+            a = np.frombuffer(chunk, np.uint8)
+            if closed:
+                if chunk.strip(): raise ValueError(f"{path}: data after the end of the array")
+                continue
+            sp, ch, after, instr = _structure(a, instr, depth)
+            closed = _check_array_block(a, sp, ch, after, pos, f"{path}") if check else False
+            starts = pos + sp[(ch == _COMMA) & (after == 1)] + 1              # where elements 2, 3, ... start
+            while len(out) < len(offsets) and len(starts):
+                k = int(np.searchsorted(starts, offsets[len(out)]))
+                if k == len(starts): break
+                out.append((int(starts[k]), n + k + 1))
+            n, pos, depth = n + len(starts), pos + len(chunk), int(after[-1]) if len(after) else depth
+    if check and not closed: raise ValueError(f"{path}: JSON array not closed")
+    return out
+
+def array_shards(spec: dict, parts: int) -> list[dict]:
+    """A JSON array's shard spec cut into about `parts` byte ranges of whole elements (itself when it cannot be cut:
+    compressed, at a URL, where finding the cuts would read the whole object once more, or malformed)."""
+    if spec["kind"] != "json_array" or is_url(spec["path"]) or compression_of(spec["path"]): return [spec]
+    size = file_size(spec["path"])
+    try: cuts = array_bounds(spec["path"], [size * k // parts for k in range(1, parts)])
+    except ValueError: return [spec]
+    cuts = [c for i, c in enumerate(cuts) if i == 0 or c[0] > cuts[i - 1][0]]
+    edges = [(0, 1)] + cuts
+    return [{**spec, "start": a, "end": b, "first": n} for (a, n), (b, _) in zip(edges, edges[1:] + [(None, 0)])]
+
+def _array_records(spec: dict, on_error, rejects):
+    "The records of a JSON array's shard spec (a byte range from `array_shards`, or the whole file)."
+    return iter_json_array(spec["path"], on_error, rejects, start=spec["start"], end=spec["end"],
+                           first=spec.get("first", 1))
+
 # %% ../nbs/02_loading.ipynb #26c7c754
 def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
-    """Shard specs `{path, kind, start, end}`: one per file, uncompressed JSONL split into byte ranges to reach
-    `num_shards`."""
+    """Shard specs `{path, kind, start, end}`: one per file, uncompressed JSONL and JSON arrays split into byte
+    ranges to reach `num_shards`."""
     specs = [{"path": str(p), "kind": file_kind(p), "start": 0, "end": None} for p in files]
     if not num_shards or num_shards <= len(specs): return specs
     per_file = math.ceil(num_shards / len(specs))
     out = []
     for s in specs:
         if s["kind"] != "jsonl" or compression_of(s["path"]):
-            out.append(s)
+            out += array_shards(s, per_file)                     # a JSON array's byte ranges; other files whole
             continue
         size = file_size(s["path"])
         cuts = [0]
@@ -574,7 +657,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "jsonl":
         first = _lines_before(path, spec["start"]) + 1 if spec["start"] else 1
         return iter_jsonl(path, on_error, rejects, spec["start"], spec["end"], first)
-    if kind == "json_array": return iter_json_array(path, on_error, rejects)
+    if kind == "json_array": return _array_records(spec, on_error, rejects)
     if kind in ("csv", "tsv"): return iter_csv(path, "," if kind == "csv" else "\t", on_error, rejects)
     if kind == "parquet": return iter_parquet(path, row_groups=spec.get("row_groups"),
                                                first_row=spec.get("first_row", 0))
@@ -582,7 +665,7 @@ def iter_file(spec, on_error: str = "raise", rejects=None) -> Iterator[tuple[int
     if kind == "text": return iter_text(path)
     raise ValueError(f"{path}: unknown kind {kind!r}")
 
-# %% ../nbs/02_loading.ipynb #b5fadf2d
+# %% ../nbs/02_loading.ipynb #b891c7df
 _WHOLE = {"json_array": "a JSON array", "csv": "a CSV file", "tsv": "a TSV file", "text": "a text file"}
 
 def _last_byte(path) -> bytes:
@@ -594,8 +677,10 @@ def _last_byte(path) -> bytes:
 def _uncut(path: str, kind: str, pieces: int, share: int) -> str:
     "Why one file gave `pieces` shards and not `share`."
     if kind == "parquet": return f"{path} has {pieces} row group(s) (a Parquet file is cut between row groups)"
-    if kind != "jsonl": return f"{path} is {_WHOLE.get(kind, kind)}, read whole"
+    if kind not in ("jsonl", "json_array"): return f"{path} is {_WHOLE.get(kind, kind)}, read whole"
+    if kind == "json_array" and is_url(path): return f"{path} is a JSON array at a URL, read whole"
     if compression_of(path): return f"{path} is compressed, read whole"
+    if kind == "json_array": return f"{path} gave {pieces} range(s) (a JSON array is cut between elements)"
     size = os.path.getsize(path)
     lines = _lines_before(path, size) + (_last_byte(path) != b"\n") if 0 < size <= 64 << 20 else None
     if lines is not None and lines <= share: return f"{path} has {lines} lines (a JSONL file is cut between lines)"

@@ -41,7 +41,7 @@ def _part_bytes(s: dict) -> int:
 
 # %% ../nbs/04a_scale.ipynb #0a5f7419
 def _pieces(files: list, n: int) -> list[dict]:
-    "Pieces of the files in order: whole files, or cut (JSONL ranges, Parquet row groups) to reach about `n`."
+    "Pieces of the files in order: whole files, or cut (JSONL or JSON-array ranges, row groups) to reach about `n`."
     pieces = plan_shards(files, n)
     if len(pieces) >= n: return pieces
     per_file = -(-n // len(pieces))

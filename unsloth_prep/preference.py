@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from . import loading
-from .base import ParquetSink
+from .base import ParquetSink, TOKEN_PARQUET
 from .checks import Context, hit, register, run_checks
 from .tokenization import ChatTokenizer, RowCounts, lists_array
 import numpy as np
@@ -364,7 +364,7 @@ def task_columns(cols: dict, task: str) -> dict:
 
 EMPTY_COLUMNS = {k: f.columns for k, f in FORMS.items()}
 
-# %% ../nbs/04c_preference.ipynb #d0c890e6
+# %% ../nbs/04c_preference.ipynb #4c3e3187
 def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int | None = None,
                        max_prompt_length: int | None = None, template: str | None = None, mapping: dict | None = None,
                        dataset_info=None, batch_size: int = 1000, on_error: str = "raise", rejects=None,
@@ -376,7 +376,7 @@ def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int
     pt, counts, stats = PairTokenizer(tok, max_length, max_prompt_length), PairCounts(), SideStats()
     rejects = loading.as_rejects(rejects) if rejects is not None else loading.Rejects()
     task, examples = read_examples(data, task, mapping, dataset_info, on_error, rejects)
-    with ParquetSink(out, _pa_table(task_columns({}, task)).schema) as sink:
+    with ParquetSink(out, _pa_table(task_columns({}, task)).schema, **TOKEN_PARQUET) as sink:
         while batch := list(islice(examples, batch_size)):
             sink.write(_pa_table(task_columns(tokenize_examples(pt, batch, counts, stats), task)))
     return {"out": str(out), "task": task, "examples": counts.rows_in + rejects.count, "rows": counts.rows_out,

@@ -110,7 +110,7 @@ class ChatRenderer:
         if not self.template: raise ValueError(no_template_message(tokenizer))
         if not isinstance(self.template, str): self.template = chat_templates(tokenizer)["default"]
         self.kwargs, self.source = dict(tokenizer.special_tokens_map), template_source(tokenizer)
-        self.compiled = checked_template(self.template, self.source)
+        self.compiled = checked_template(self.template, self.source, getattr(tokenizer, "renderer", "auto"), self.kwargs)
         self.backend, self.family, self._shape = getattr(tokenizer, "_tokenizer", None), None, None
         self.family = template_family(self.template)
 
@@ -127,11 +127,11 @@ BATCH_TEMPLATE = ("{% for messages, add_generation_prompt, tools in _unsloth_pre
 @patch
 def render_many(self: ChatRenderer, items: list, errors: bool = False) -> list:
     "Rendered texts of `(messages, add_generation_prompt, tools)` items, in one template call."
-    if len(items) > 1:
+    if len(items) > 1 and self.compiled.name != "minijinja":   # minijinja renders one by one, faster
         budget = sum(render_budget(m, t) for m, _, t in items)
         try:
             text = render_template(compile_template(BATCH_TEMPLATE), self.source, budget,
-                                   _unsloth_prep_chat=self.compiled, _unsloth_prep_batch=items, documents=None,
+                                   _unsloth_prep_chat=self.compiled.jinja, _unsloth_prep_batch=items, documents=None,
                                    **self.kwargs)
             out = text.split(BATCH_SEP)[:-1]
             if len(out) == len(items): return out
@@ -1249,14 +1249,14 @@ def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_lengt
             progress: bool | None = False, metadata: dict | None = None, rejects=None) -> dict:
     "Stream conversations -> tokenize + mask -> Parquet at `out` (written to a temp file, renamed when complete)."
     from unsloth_prep.loading import Rejects
-    from unsloth_prep.base import ParquetSink
+    from unsloth_prep.base import ParquetSink, TOKEN_PARQUET
     rejects = rejects if rejects is not None else Rejects()   # bad lines, and records the template refuses (skip)
     ct = ChatTokenizer(tokenizer, train_on, max_seq_length, on_overflow, chars_per_token, on_error, rejects)
     counts, t0, out = TokenizeCounts(), time.perf_counter(), Path(out).absolute()
     cols = tokenize_batches(ct, iter_batches(data, batch_size, fmt, on_error, rejects), counts)
     tables = (_arrow_table(on_batch(c) if on_batch else c) for c in _with_progress(cols, counts, progress, data=data))
     try:
-        with ParquetSink(out, token_schema(), metadata) as sink:
+        with ParquetSink(out, token_schema(), metadata, **TOKEN_PARQUET) as sink:
             for t in tables: sink.write(t)
     except ValueError as e: raise _located(e, data) from None
     report_lost(counts, data)
@@ -1264,7 +1264,8 @@ def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_lengt
     return {"out": str(out), "records": c.rows_in, "rows": c.rows_out, "dropped": c.dropped, "truncated": c.truncated,
             "pretruncated": c.pretruncated, "tokens": c.tokens, "trainable_tokens": c.trainable_tokens,
             "trainable_lost": c.trainable_lost, "empty_turns": c.empty_turns, "dropped_reasons": dict(c.reasons),
-            "rejected": rejects.count, "encoder": ct.engine.name, "reference_rows": c.reference_rows,
+            "rejected": rejects.count, "encoder": ct.engine.name, "renderer": ct.renderer.compiled.name,
+            "reference_rows": c.reference_rows,
             "lost_parts": dict(c.lost_parts), "template_family": ct.renderer.family, "turns_located": dict(c.located),
             "seconds": round(time.perf_counter() - t0, 3)}
 

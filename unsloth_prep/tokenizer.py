@@ -22,12 +22,12 @@ OWN_TEMPLATE = (None, "", "own", "tokenizer")
 
 # %% auto #0
 __all__ = ['UNSLOTH_TEMPLATES', 'TEMPLATE_NAMES', 'SPECIAL_KEYS', 'TOKENIZER_FILES', 'OWN_TEMPLATE', 'RENDER_SECONDS',
-           'RENDER_MAX_ITEMS', 'RENDER_MAX_POW_BITS', 'RENDER_MAX_CHARS', 'TEMPLATE_MARKERS', 'TEMPLATE_FAMILIES',
-           'ENCODERS', 'PROBE_TEXTS', 'LeanTokenizer', 'RenderLimit', 'compile_template', 'render_bounded',
-           'checked_template', 'render_template', 'render_budget', 'template_source', 'no_template_message',
-           'chat_templates', 'default_template', 'template_family', 'apply_template', 'write_template_folder',
-           'resolve_templates', 'template_folder', 'probe_texts', 'Encoder', 'plain_backend', 'encoder_for',
-           'load_tokenizer']
+           'RENDER_MAX_ITEMS', 'RENDER_MAX_POW_BITS', 'RENDER_MAX_CHARS', 'RENDERERS', 'MINIJINJA_FUEL',
+           'TEMPLATE_MARKERS', 'TEMPLATE_FAMILIES', 'ENCODERS', 'PROBE_TEXTS', 'LeanTokenizer', 'RenderLimit',
+           'compile_template', 'render_bounded', 'minijinja_source', 'ChatTemplate', 'checked_template',
+           'render_template', 'render_budget', 'template_source', 'no_template_message', 'chat_templates',
+           'default_template', 'template_family', 'apply_template', 'write_template_folder', 'resolve_templates',
+           'template_folder', 'probe_texts', 'Encoder', 'plain_backend', 'encoder_for', 'LazyBackend', 'load_tokenizer']
 
 # %% ../nbs/03a_tokenizer.ipynb #d2bb0a99
 def _read_json(path) -> dict:
@@ -64,12 +64,21 @@ def _folder_template(path: Path, cfg: dict):
     named = _folder_templates(path, cfg)
     return named.get("default") or (next(iter(named.values())) if len(named) == 1 else None)
 
-# %% ../nbs/03a_tokenizer.ipynb #fa3aeed9
+# %% ../nbs/03a_tokenizer.ipynb #23ba2b03
 BPE_CACHE_WORDS = 1_000
 
 def _bound_word_cache(backend):
-    "Cap the word cache of a BPE model at `BPE_CACHE_WORDS` (other models have none)."
+    "Cap the word cache of a BPE model at `BPE_CACHE_WORDS` (other models have none; a lazy one caps it when read)."
+    if getattr(backend, "lazy", False): return
     if hasattr(backend.model, "_resize_cache"): backend.model._resize_cache(BPE_CACHE_WORDS)
+
+def _read_reference(json_path):
+    "`tokenizers`' Tokenizer of a `tokenizer.json` (its word cache capped), or a ValueError naming the file."
+    from tokenizers import Tokenizer
+    try: backend = Tokenizer.from_file(str(json_path))
+    except Exception as e: raise ValueError(f"{json_path}: not a valid tokenizer file ({e})") from None
+    _bound_word_cache(backend)
+    return backend
 
 # %% ../nbs/03a_tokenizer.ipynb #5f13949b
 class LeanTokenizer:
@@ -93,9 +102,8 @@ class LeanTokenizer:
 
 # %% ../nbs/03a_tokenizer.ipynb #54c816b1
 @patch(cls_method=True)
-def from_folder(cls: LeanTokenizer, path):
-    "Read `tokenizer.json`, the special tokens and the chat template of a tokenizer (or model) folder."
-    from tokenizers import Tokenizer
+def from_folder(cls: LeanTokenizer, path, fast=None):
+    "Read `tokenizer.json`, the special tokens and the chat template(s) of a folder (`fast`: its fastokens tokenizer)."
     path = Path(path)
     if not (path / "tokenizer.json").exists():
         raise ValueError(f"{path}: no tokenizer.json (exact labels need a fast tokenizer); write one with "
@@ -103,8 +111,9 @@ def from_folder(cls: LeanTokenizer, path):
     cfg = _read_json(path / "tokenizer_config.json")
     if "added_tokens_decoder" not in cfg: cfg = {**cfg, **_read_json(path / "special_tokens_map.json")}
     special = {k: _token_text(cfg.get(k)) for k in SPECIAL_KEYS}
-    try: backend = Tokenizer.from_file(str(path / "tokenizer.json"))
-    except Exception as e: raise ValueError(f"{path / 'tokenizer.json'}: not a valid tokenizer file ({e})") from None
+    json_path = path / "tokenizer.json"
+    backend = _read_reference(json_path) if fast is None else LazyBackend(json_path, fast)
+    if fast is not None: backend.ref  # read now (the probe needs it, and a bad file is named here), dropped after
     tok = cls(backend, _folder_template(path, cfg), special, path)
     tok.chat_templates, tok.padding_side = _folder_templates(path, cfg), cfg.get("padding_side", "right")
     jinja = path / "chat_template.jinja"
@@ -184,10 +193,11 @@ class _Generation(jinja2.ext.Extension):
 
     def _body(self, caller): return caller()
 
-# %% ../nbs/03a_tokenizer.ipynb #80f5e4d2
+# %% ../nbs/03a_tokenizer.ipynb #769e4de1
 RENDER_SECONDS = 2.0          # wall time one record may take to render
 RENDER_MAX_ITEMS = 20_000_000  # the longest string or list one template expression may build
 RENDER_MAX_POW_BITS = 4096     # the largest integer `**` may build
+RENDER_MAX_CHARS = 1_000_000   # the characters one record may render to, beyond 16x its own text
 
 class RenderLimit(Exception):
     "A chat template went past a rendering bound (time, output size, or one expression's size)."
@@ -276,7 +286,148 @@ def render_bounded(compiled, max_chars: int, seconds: float = RENDER_SECONDS, **
         raise RenderLimit(str(e) or f"rendering took longer than {seconds:g} s") from None
     finally: _WATCHDOG[0].stop()
 
-# %% ../nbs/03a_tokenizer.ipynb #d3497a53
+# %% ../nbs/03a_tokenizer.ipynb #519bfdd5
+import re
+RENDERERS = ("auto", "minijinja", "jinja2")
+_GEN_TAG = re.compile(r"{%([-+]?)\s*(end)?generation\s*([-+]?)%}")
+
+def minijinja_source(template: str) -> str:
+    "The template as minijinja reads it: `{% generation %}` markers become `{% if true %}` blocks."
+    return _GEN_TAG.sub(lambda m: "{%" + m[1] + (" endif " if m[2] else " if true ") + m[3] + "%}", template)
+
+# %% ../nbs/03a_tokenizer.ipynb #e2821231
+_CASE_OPS = re.compile(r"\|\s*(upper|lower|capitalize|title)\b"
+                       r"|\.(upper|lower|capitalize|title|swapcase|casefold|is\w+)\(")
+
+_WS_OPS = re.compile(r"\.(l|r)?strip\(\s*\)|\.split\(\s*\)|\btrim\b")
+
+def _risky_chars(template: str):
+    "The characters minijinja treats unlike Python in this template's string operations (a pattern; None: none)."
+    chars = "\x1c-\x1f" if _WS_OPS.search(template) else ""
+    if ".splitlines(" in template: chars += "\r\x0b\x0c\x1c-\x1e\x85\u2028\u2029"
+    if _CASE_OPS.search(template): chars = "\x1c-\x1f\x80-\U0010ffff"
+    return re.compile(f"[{chars}]") if chars else None
+
+def _routed(value, risky) -> bool:
+    "True when `value` holds a string with a `risky` character or a float with an exponent (jinja2 renders it)."
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if type(v) is str:
+            if risky is not None and risky.search(v): return True
+        elif isinstance(v, dict): todo.extend(v.values())
+        elif isinstance(v, (list, tuple)): todo.extend(v)
+        elif type(v) is float and "e" in repr(v): return True
+    return False
+
+# %% ../nbs/03a_tokenizer.ipynb #8e90c9d6
+_ODD = " \n\t{{ not a var }} {% raw %} <b>&amp;</b> 'single' \"double\" back\\slash \u2028\u200b é 中文 👨‍👩‍👧 don't x1y\n"
+_TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Wetter für eine Stadt 🌦 \"now\"",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                          "days": {"type": "integer", "default": 3}, "ratio": {"type": "number", "default": 0.5}},
+                          "required": ["city"]}}}]
+_CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Zürich", "days": 2}}}
+_TOOL_CHAT = [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "Weather in Zürich?"},
+              {"role": "assistant", "content": "", "tool_calls": [_CALL]},
+              {"role": "tool", "name": "get_weather", "content": '{"temp": 21.5}'},
+              {"role": "assistant", "content": "21.5 °C"}]
+_THINK_CHAT = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"},
+               {"role": "user", "content": "and 3+3?"},
+               {"role": "assistant", "content": "6", "reasoning_content": "add again"}]
+
+def render_probe_cases(chat) -> list:
+    "`(messages, tools)` pairs that walk a template's branches; `chat`: a plain conversation (system first)."
+    odd = [{"role": "user", "content": _ODD}, {"role": "assistant", "content": _ODD}]
+    return [(chat, None), (chat[1:], None), (chat[1:2], None), (odd, None), (_TOOL_CHAT, _TOOLS),
+            (_TOOL_CHAT[1:2], _TOOLS), (_THINK_CHAT, None)]
+
+# %% ../nbs/03a_tokenizer.ipynb #1e1a0485
+class ChatTemplate:
+    "A chat template compiled once for two engines: minijinja where a probe shows jinja2's text, else jinja2."
+    def __init__(self, template: str, source: str = "chat template", renderer: str = "auto", variables=None):
+        if renderer not in RENDERERS: raise ValueError(f"renderer must be one of {RENDERERS}, got {renderer!r}")
+        self.jinja, self.source, self.asked = compile_template(template), source, renderer
+        self.env, self.name, self.probe, self.fallbacks, self.risky = None, "jinja2", None, 0, None
+        if renderer == "jinja2": return
+        why = self._minijinja(template) or self._probe(render_probe_cases(_PROBE_CONV), dict(variables or {}))
+        if why is None:
+            self.name = "minijinja"
+            return
+        self.env = None
+        if renderer == "minijinja": raise ValueError(f"{source}: --renderer minijinja: {why}")
+        print(f"{source}: {why}; rendering with jinja2", file=sys.stderr)
+
+# %% ../nbs/03a_tokenizer.ipynb #e92941cb
+@patch
+def _minijinja(self: ChatTemplate, template: str) -> str | None:
+    "Build the minijinja environment of the template; None when it reads it, else why not."
+    try: import minijinja
+    except ImportError: return "minijinja unavailable (the package cannot be imported)"
+    if ".title(" in template: return "the template calls .title(), which minijinja defines otherwise"
+    self.env = minijinja.Environment(trim_blocks=True, lstrip_blocks=True, filters={"tojson": _tojson},
+                                     globals={"raise_exception": _raise_exception, "strftime_now": _strftime_now})
+    self.risky = _risky_chars(template)
+    try: self.env.add_template("chat", minijinja_source(template))
+    except Exception as e: return f"minijinja cannot read it ({str(e).splitlines()[0]})"
+    return None
+
+# %% ../nbs/03a_tokenizer.ipynb #dca6d37a
+MINIJINJA_FUEL = (50_000, 2_000, 64)  # a render's fuel: a base, per message or tool, per `max_chars` characters
+
+@patch
+def _render_mj(self: ChatTemplate, max_chars: int, seconds: float, ctx: dict, strict: bool = False) -> str | None:
+    "minijinja's text within fuel, `seconds` and `max_chars` (None when it cannot; `strict`: raise instead)."
+    items = len(ctx.get("messages") or ()) + len(ctx.get("tools") or ())
+    self.env.fuel = MINIJINJA_FUEL[0] + MINIJINJA_FUEL[1] * items + max_chars // MINIJINJA_FUEL[2]
+    if not _WATCHDOG: _WATCHDOG.append(_Watchdog())
+    _WATCHDOG[0].start(seconds)
+    try: text = self.env.render_template("chat", **ctx)
+    except Exception:
+        if strict: raise
+        return None
+    finally: _WATCHDOG[0].stop()
+    if len(text) > max_chars and strict: raise RenderLimit(f"the rendered text passes {max_chars:,} characters")
+    return text if len(text) <= max_chars else None
+
+# %% ../nbs/03a_tokenizer.ipynb #55a89f30
+_PROBE_CONV = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "数据 😀  two  spaces\n"},
+               {"role": "assistant", "content": " Sure:\n\n  1. ok 👍🏽"}, {"role": "user", "content": "ünïcödé?"},
+               {"role": "assistant", "content": "Yes.\n"}]
+
+def _outcome(fn):
+    "A render's text, or the kind of error it raised."
+    try: return fn()
+    except Exception as e: return ("error", type(e).__name__)
+
+# %% ../nbs/03a_tokenizer.ipynb #87d04616
+@patch
+def _probe(self: ChatTemplate, cases: list, variables: dict) -> str | None:
+    "Render every case with both engines; None when all come out alike, else the first that does not."
+    same, first = 0, None
+    for msgs, tools in cases:
+        for gen in (False, True):
+            ctx = dict(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen, **variables)
+            a = _outcome(lambda: self._render_mj(RENDER_MAX_CHARS, RENDER_SECONDS, ctx, strict=True))
+            b = _outcome(lambda: render_bounded(self.jinja, RENDER_MAX_CHARS, RENDER_SECONDS, **ctx))
+            same += a == b
+            if a != b and first is None: first = msgs[-1]["content"]
+    self.probe = {"cases": 2 * len(cases), "identical": same, "first_diff": first}
+    return None if first is None else f"minijinja renders it unlike jinja2 (first on {first[:40]!r})"
+
+# %% ../nbs/03a_tokenizer.ipynb #4ec5d07e
+@patch
+def render(self: ChatTemplate, max_chars: int | None = None, seconds: float = RENDER_SECONDS, **ctx) -> str:
+    "The rendered text (minijinja where it renders alike, else jinja2) within `seconds` and `max_chars` characters."
+    max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
+    tools = ctx.get("tools")
+    routed = self.risky is not None and _routed(ctx.get("messages"), self.risky)
+    if self.env is not None and not routed and not (tools is not None and _routed(tools, self.risky)):
+        text = self._render_mj(max_chars, seconds, ctx)
+        if text is not None: return text
+        self.fallbacks += 1
+    return render_bounded(self.jinja, max_chars, seconds, **ctx)
+
+# %% ../nbs/03a_tokenizer.ipynb #943ba099
 def _template_why(e: BaseException) -> str:
     "What went wrong inside a template, in words."
     if isinstance(e, jinja2.exceptions.SecurityError): return f"the sandbox refused it: {e}"
@@ -287,20 +438,24 @@ def _template_why(e: BaseException) -> str:
     if isinstance(e, RecursionError): return "rendering recursed too deep"
     return f"rendering failed: {type(e).__name__}: {e}"
 
-def checked_template(template: str, source: str):
-    "The compiled template, or a ValueError naming `source` and the line of a syntax error."
-    try: return compile_template(template)
+@functools.lru_cache(maxsize=32)
+def _chat_template(template: str, source: str, renderer: str, variables: tuple) -> ChatTemplate:
+    return ChatTemplate(template, source, renderer, dict(variables))
+
+def checked_template(template: str, source: str, renderer: str = "auto", variables=None) -> ChatTemplate:
+    "The template compiled for both engines (once), or a ValueError naming `source` and the line of a syntax error."
+    try: return _chat_template(template, source, renderer, tuple(sorted((variables or {}).items())))
     except jinja2.exceptions.TemplateSyntaxError as e:
         raise ValueError(f"{source}: chat template syntax error at line {e.lineno}: {e.message}") from None
 
 def render_template(compiled, source: str, max_chars: int, seconds: float = RENDER_SECONDS, **context) -> str:
-    "`render_bounded`, with whatever the template raises as a ValueError naming `source`."
-    try: return render_bounded(compiled, max_chars, seconds, **context)
+    "Render a `ChatTemplate` (or a jinja2 template), with whatever the template raises as a ValueError naming `source`."
+    try:
+        if isinstance(compiled, ChatTemplate): return compiled.render(max_chars, seconds, **context)
+        return render_bounded(compiled, max_chars, seconds, **context)
     except Exception as e: raise ValueError(f"{source}: {_template_why(e)}") from None
 
-# %% ../nbs/03a_tokenizer.ipynb #86e8aa66
-RENDER_MAX_CHARS = 1_000_000
-
+# %% ../nbs/03a_tokenizer.ipynb #280e08cc
 def render_budget(messages, tools=None) -> int:
     "The most characters one record may render to: `RENDER_MAX_CHARS` beyond 16x its own text."
     own = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(str(m.get("content")))
@@ -312,14 +467,15 @@ def template_source(tokenizer) -> str:
     name = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
     return getattr(tokenizer, "template_file", None) or f"{name} (chat template)"
 
-# %% ../nbs/03a_tokenizer.ipynb #83052453
+# %% ../nbs/03a_tokenizer.ipynb #8a602624
 @patch
 def apply_chat_template(self: LeanTokenizer, conversation, tools=None, add_generation_prompt=False,
                         tokenize=False, **kwargs):
     "Render `conversation` with the chat template (and its token ids if `tokenize`)."
     if not self.chat_template: raise ValueError(no_template_message(self))
     src = template_source(self)
-    text = render_template(checked_template(self.chat_template, src), src, render_budget(conversation, tools),
+    tpl = checked_template(self.chat_template, src, getattr(self, "renderer", "auto"), self.special_tokens_map)
+    text = render_template(tpl, src, render_budget(conversation, tools),
                            messages=conversation, tools=tools, documents=None,
                            add_generation_prompt=add_generation_prompt, **{**self.special_tokens_map, **kwargs})
     return self.encode(text, add_special_tokens=False) if tokenize else text
@@ -468,7 +624,7 @@ def probe_texts(specials, rendered=()) -> list[str]:
         out.append("x" + "y ".join(chunk) + "\n" + "".join(chunk) + " \n\n" + "  ".join(chunk) + "z")
     return out + [f"{s}{t}" for s in specials[:4] for t in PROBE_TEXTS[:4]]
 
-# %% ../nbs/03a_tokenizer.ipynb #972f4c74
+# %% ../nbs/03a_tokenizer.ipynb #c1b29956
 def _flat_reference(backend, texts) -> tuple:
     "Ids (uint32) and offsets (int64, one more than texts) of `texts` encoded by `tokenizers`."
     import numpy as np
@@ -477,10 +633,13 @@ def _flat_reference(backend, texts) -> tuple:
     np.cumsum(np.fromiter((len(e.ids) for e in encs), np.int64, len(encs)), out=offsets[1:])
     return np.fromiter((i for e in encs for i in e.ids), np.uint32, int(offsets[-1])), offsets
 
+FAST_THREADS = 1  # fastokens' encoding threads per process (each keeps its own cache, up to about 100 MB)
+
 def _fast_tokenizer(backend, json_path=None):
     "fastokens' tokenizer of `backend` (read from `json_path` when it is the same), None if fastokens is missing."
     try: import fastokens
     except ImportError: return None
+    os.environ.setdefault("FASTOKENS_BPE_THREADS", str(FAST_THREADS))  # read once, when its thread pool starts
     if json_path is not None: return fastokens.Tokenizer.from_file(str(json_path))
     return fastokens.Tokenizer.from_json_str(backend.to_str())
 
@@ -570,7 +729,7 @@ def encode_flat(self: LeanTokenizer, texts) -> tuple:
     "All ids of `texts` (no special tokens added) as one uint32 buffer, and int64 offsets (`len(texts) + 1`)."
     return encoder_for(self).encode_flat(texts)
 
-# %% ../nbs/03a_tokenizer.ipynb #cb4de1e6
+# %% ../nbs/03a_tokenizer.ipynb #e0c20be4
 PROBE_CHAT = [{"role": "system", "content": "Answer briefly."},
               {"role": "user", "content": "数据 😀 1234567890  two  spaces\n"},
               {"role": "assistant", "content": " Sure:\n\n  1. ok 👍🏽"},
@@ -581,7 +740,7 @@ def _probe_renders(tok) -> list[str]:
     if not tok.chat_template: return []
     src, out = template_source(tok), []
     for msgs in (PROBE_CHAT, PROBE_CHAT[1:]):
-        try: tpl = checked_template(tok.chat_template, src)
+        try: tpl = checked_template(tok.chat_template, src, getattr(tok, "renderer", "auto"), tok.special_tokens_map)
         except ValueError: return out
         try: out.append(render_template(tpl, src, 1_000_000, 0.5, messages=msgs, tools=None, documents=None,
                                         add_generation_prompt=False, **tok.special_tokens_map))
@@ -625,19 +784,82 @@ def _release_memory():
     try: ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError): pass
 
-# %% ../nbs/03a_tokenizer.ipynb #e4440bce
-def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = False,
-                   require_template: bool = True, encoder: str = "auto") -> LeanTokenizer:
-    "Load a tokenizer folder once, without torch; `template`: Unsloth's name (cached); `encoder`: the engine."
+# %% ../nbs/03a_tokenizer.ipynb #a31cbead
+class LazyBackend:
+    "`tokenizers`' Tokenizer of a file, read when first needed; token ids and added tokens from fastokens."
+    lazy = True
+    def __init__(self, path, fast):
+        self.__dict__.update(path=str(path), fast=fast, _ref=None)
+
+    @property
+    def ref(self):
+        "The reference tokenizer (read now when it is not in memory)."
+        if self._ref is None: self._ref = _read_reference(self.path)
+        return self._ref
+
+    def release(self):
+        "Drop the reference tokenizer from memory (it is read again when something needs it)."
+        self._ref = None
+        _release_memory()
+
+    def __getattr__(self, name):
+        if name.startswith("_") or name in ("path", "fast"): raise AttributeError(name)
+        return getattr(self.ref, name)
+
+# %% ../nbs/03a_tokenizer.ipynb #820b4b29
+@patch
+def token_to_id(self: LazyBackend, token: str): return (self.fast or self.ref).token_to_id(token)
+@patch
+def id_to_token(self: LazyBackend, i: int): return (self.fast or self.ref).id_to_token(i)
+@patch
+def encode_batch(self: LazyBackend, *args, **kw): return self.ref.encode_batch(*args, **kw)
+@patch
+def get_vocab_size(self: LazyBackend, with_added_tokens: bool = True) -> int:
+    return self.fast.vocab_size if with_added_tokens and self.fast else self.ref.get_vocab_size(with_added_tokens)
+@patch(as_prop=True)
+def truncation(self: LazyBackend): return (self.fast or self.ref).truncation
+@patch(as_prop=True)
+def padding(self: LazyBackend): return (self.fast or self.ref).padding
+
+@patch
+def get_added_tokens_decoder(self: LazyBackend) -> dict:
+    "The added tokens by id, as `tokenizers` gives them."
+    if self.fast is None: return self.ref.get_added_tokens_decoder()
+    from tokenizers import AddedToken
+    keys = ("single_word", "lstrip", "rstrip", "normalized", "special")
+    return {d["id"]: AddedToken(d["content"], **{k: d[k] for k in keys}) for d in self.fast.added_tokens()}
+
+# %% ../nbs/03a_tokenizer.ipynb #bafc16e4
+def _fast_agrees(backend) -> bool:
+    "Whether fastokens gives the vocabulary size and the added tokens (ids, text, special) `tokenizers` gives."
+    ref, fast = backend.ref, backend.fast
+    mine = {d["id"]: (d["content"], d["special"]) for d in fast.added_tokens()}
+    theirs = {i: (t.content, t.special) for i, t in ref.get_added_tokens_decoder().items()}
+    return mine == theirs and fast.vocab_size == ref.get_vocab_size(with_added_tokens=True)
+
+def _settle_reference(tok):
+    "Keep the reference tokenizer in memory only where it encodes; fastokens answers the rest where it agrees."
+    backend = tok._tokenizer
+    if getattr(backend, "lazy", False):
+        if not _fast_agrees(backend): backend.fast = None
+        if tok.engine.name == "fastokens" and backend.fast is not None: backend.release()
+    _release_memory()
+
+# %% ../nbs/03a_tokenizer.ipynb #d5950348
+def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = False, require_template: bool = True,
+                   encoder: str = "auto", renderer: str = "auto") -> LeanTokenizer:
+    "Load a tokenizer folder once, without torch; `template`: Unsloth's name (cached); `encoder`, `renderer`: engines."
     if trust_remote_code: raise ValueError("tokenizers that need remote code are not supported by the lean loader")
     if encoder not in ENCODERS: raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
+    if renderer not in RENDERERS: raise ValueError(f"renderer must be one of {RENDERERS}, got {renderer!r}")
     folder = _tokenizer_folder(path)
     if template not in OWN_TEMPLATE: folder = template_folder(folder, template)
     fast = _first_fast(folder) if encoder != "tokenizers" else None
-    tok = LeanTokenizer.from_folder(folder)
+    tok = LeanTokenizer.from_folder(folder, fast)
+    tok.renderer = renderer
     if require_template and not tok.chat_template: raise ValueError(no_template_message(tok))
     plain = plain_backend(tok)
     fast = fast if plain is tok._tokenizer else None  # the file sets truncation or padding: build from the plain one
     tok.engine = Encoder(plain, encoder, _probe_renders(tok), str(folder), fast=fast)
-    _release_memory()
+    _settle_reference(tok)
     return tok

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 from fastcore.basics import patch
-from .base import ParquetSink, check_paths, progress_iter
+from .base import ParquetSink, TOKEN_PARQUET, check_paths, progress_iter
 from .outputs import prepared_files
 from .loading import UNIT, Rejects, iter_conversations, iter_file, normalize_record
 from .tokenizer import OWN_TEMPLATE, compile_template, load_tokenizer
@@ -334,7 +334,7 @@ def prepare_vision(records, processor_dir, out, max_seq_length: int | None = Non
                 "train_on": train_on, "packed": False, "media_dir": str(base_dir.absolute())}
     batches = _batches(records, batch_size)
     if progress is not False: batches = progress_iter(batches, "prepare vision", progress)
-    with ParquetSink(out, empty=vision_schema(), metadata=settings) as sink:
+    with ParquetSink(out, empty=vision_schema(), metadata=settings, **TOKEN_PARQUET) as sink:
         for start, batch in batches: sink.write(vision_table(vt(batch, counts, start, base_dir, rejects, source)))
     c = counts
     return {"out": str(Path(out).absolute()), "records": c.rows_in, "rows": c.rows_out, "dropped": c.dropped,
