@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterable, Iterator
 from .base import round_up
 import numpy as np
 from .loading import PLACE
-from .tokenizer import (OWN_TEMPLATE, UNSLOTH_TEMPLATES, LeanTokenizer, chat_templates, checked_template,
+from .tokenizer import (token_bytes, OWN_TEMPLATE, UNSLOTH_TEMPLATES, LeanTokenizer, chat_templates, checked_template,
                                     compile_template, default_template, encoder_for, load_tokenizer,
                                     no_template_message, plain_backend, render_budget, render_template,
                                     template_family, template_source)
@@ -26,8 +26,8 @@ ROLES = ("system", "user", "assistant", "tool")
 
 # %% auto #0
 __all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'BATCH_SEP', 'BATCH_TEMPLATE', 'TRANSFORMS', 'TOKENIZER_ID_FILES', 'as_messages',
-           'ChatRenderer', 'TurnShape', 'TemplateShape', 'RowCounts', 'TokenizeCounts', 'token_bytes', 'ChatTokenizer',
-           'Prep', 'record_place', 'place_text', 'list_array', 'lists_array', 'token_columns', 'tokenize_conversation',
+           'ChatRenderer', 'TurnShape', 'TemplateShape', 'RowCounts', 'TokenizeCounts', 'ChatTokenizer', 'Prep',
+           'record_place', 'place_text', 'list_array', 'lists_array', 'token_columns', 'tokenize_conversation',
            'end_of_turn_token', 'tokenize_dataset', 'VerifyReport', 'verify_labels', 'token_view',
            'tokenize_batch_stats', 'LengthStats', 'length_stats', 'plot_lengths', 'iter_batches', 'tokenize_batches',
            'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records', 'ChatStep']
@@ -532,19 +532,6 @@ class TokenizeCounts(RowCounts):
     def as_dict(self) -> dict:
         "Plain dict (reasons, lost parts and how turns were located as plain dicts)."
         return {**super().as_dict(), "lost_parts": dict(self.lost_parts), "located": dict(self.located)}
-
-# %% ../nbs/11_tokenization.ipynb #e4de2073
-def token_bytes(tokenizer) -> np.ndarray | None:
-    "Bytes of text each token id stands for (byte-level BPE tokenizers; None for others), computed once per tokenizer."
-    if "_unsloth_prep_bytes" in tokenizer.__dict__: return tokenizer.__dict__["_unsloth_prep_bytes"]
-    backend, out = plain_backend(tokenizer), None
-    if type(backend.decoder).__name__ == "ByteLevel":
-        vocab, added = backend.get_vocab(with_added_tokens=False), backend.get_added_tokens_decoder()
-        out = np.zeros(max([backend.get_vocab_size(True), *vocab.values(), *added]) + 1, np.int64)
-        out[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(map(len, vocab), np.int64, len(vocab))
-        for i, t in added.items(): out[i] = len(t.content.encode())
-    tokenizer.__dict__["_unsloth_prep_bytes"] = out
-    return out
 
 # %% ../nbs/11_tokenization.ipynb #f3c796c3
 class ChatTokenizer:

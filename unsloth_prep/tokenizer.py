@@ -27,7 +27,8 @@ __all__ = ['UNSLOTH_TEMPLATES', 'TEMPLATE_NAMES', 'SPECIAL_KEYS', 'TOKENIZER_FIL
            'compile_template', 'render_bounded', 'minijinja_source', 'ChatTemplate', 'checked_template',
            'render_template', 'render_budget', 'template_source', 'no_template_message', 'chat_templates',
            'default_template', 'template_family', 'apply_template', 'write_template_folder', 'resolve_templates',
-           'template_folder', 'probe_texts', 'Encoder', 'plain_backend', 'encoder_for', 'LazyBackend', 'load_tokenizer']
+           'template_folder', 'probe_texts', 'Encoder', 'plain_backend', 'encoder_for', 'LazyBackend', 'token_bytes',
+           'load_tokenizer']
 
 # %% ../nbs/10_tokenizer.ipynb #d2bb0a99
 def _read_json(path) -> dict:
@@ -845,6 +846,20 @@ def _settle_reference(tok):
         if tok.engine.name == "fastokens" and backend.fast is not None: backend.release()
     _release_memory()
 
+# %% ../nbs/10_tokenizer.ipynb #tb0ex001
+def token_bytes(tokenizer) -> np.ndarray | None:
+    "Bytes of text each token id stands for (byte-level BPE tokenizers; None for others), computed once per tokenizer."
+    if "_unsloth_prep_bytes" in tokenizer.__dict__: return tokenizer.__dict__["_unsloth_prep_bytes"]
+    import numpy as np
+    backend, out = plain_backend(tokenizer), None
+    if type(backend.decoder).__name__ == "ByteLevel":
+        vocab, added = backend.get_vocab(with_added_tokens=False), backend.get_added_tokens_decoder()
+        out = np.zeros(max([backend.get_vocab_size(True), *vocab.values(), *added]) + 1, np.int64)
+        out[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(map(len, vocab), np.int64, len(vocab))
+        for i, t in added.items(): out[i] = len(t.content.encode())
+    tokenizer.__dict__["_unsloth_prep_bytes"] = out
+    return out
+
 # %% ../nbs/10_tokenizer.ipynb #d5950348
 def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = False, require_template: bool = True,
                    encoder: str = "auto", renderer: str = "auto") -> LeanTokenizer:
@@ -861,5 +876,6 @@ def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = 
     plain = plain_backend(tok)
     fast = fast if plain is tok._tokenizer else None  # the file sets truncation or padding: build from the plain one
     tok.engine = Encoder(plain, encoder, _probe_renders(tok), str(folder), fast=fast)
+    token_bytes(tok)                                   # read while the reference engine is still here
     _settle_reference(tok)
     return tok
