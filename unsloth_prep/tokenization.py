@@ -110,7 +110,8 @@ class ChatRenderer:
         if not self.template: raise ValueError(no_template_message(tokenizer))
         if not isinstance(self.template, str): self.template = chat_templates(tokenizer)["default"]
         self.kwargs, self.source = dict(tokenizer.special_tokens_map), template_source(tokenizer)
-        self.compiled = checked_template(self.template, self.source, getattr(tokenizer, "renderer", "auto"), self.kwargs)
+        renderer = getattr(tokenizer, "renderer", "auto")                 # minijinja where its probe agrees
+        self.compiled = checked_template(self.template, self.source, renderer, self.kwargs)
         self.backend, self.family, self._shape = getattr(tokenizer, "_tokenizer", None), None, None
         self.family = template_family(self.template)
 
@@ -537,13 +538,29 @@ def token_bytes(tokenizer) -> np.ndarray | None:
     "Bytes of text each token id stands for (byte-level BPE tokenizers; None for others), computed once per tokenizer."
     if "_unsloth_prep_bytes" in tokenizer.__dict__: return tokenizer.__dict__["_unsloth_prep_bytes"]
     backend, out = plain_backend(tokenizer), None
-    if type(backend.decoder).__name__ == "ByteLevel":
-        vocab, added = backend.get_vocab(with_added_tokens=False), backend.get_added_tokens_decoder()
-        out = np.zeros(max([backend.get_vocab_size(True), *vocab.values(), *added]) + 1, np.int64)
-        out[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(map(len, vocab), np.int64, len(vocab))
-        for i, t in added.items(): out[i] = len(t.content.encode())
+    if getattr(backend, "lazy", False) and backend._ref is None:        # the file itself: the reference stays unread
+        out = _file_token_bytes(backend.path)
+    elif type(backend.decoder).__name__ == "ByteLevel":
+        added = {i: t.content for i, t in backend.get_added_tokens_decoder().items()}
+        out = _byte_lengths(backend.get_vocab(with_added_tokens=False), added, backend.get_vocab_size(True))
     tokenizer.__dict__["_unsloth_prep_bytes"] = out
     return out
+
+def _byte_lengths(vocab: dict, added: dict, size: int) -> np.ndarray:
+    "Bytes per id of a byte-level vocabulary (one character per byte) and its added tokens (UTF-8)."
+    out = np.zeros(max([size, *vocab.values(), *added]) + 1, np.int64)
+    out[np.fromiter(vocab.values(), np.int64, len(vocab))] = np.fromiter(map(len, vocab), np.int64, len(vocab))
+    for i, t in added.items(): out[i] = len(t.encode())
+    return out
+
+def _file_token_bytes(path) -> np.ndarray | None:
+    "`token_bytes` read from a `tokenizer.json` (no tokenizer built): byte-level BPE only, as for a built one."
+    import orjson
+    spec = orjson.loads(Path(path).read_bytes())
+    vocab = (spec.get("model") or {}).get("vocab")
+    if (spec.get("decoder") or {}).get("type") != "ByteLevel" or not isinstance(vocab, dict): return None
+    added = {t["id"]: t["content"] for t in spec.get("added_tokens") or []}
+    return _byte_lengths(vocab, added, len(set(vocab.values()) | set(added)))
 
 # %% ../nbs/04_tokenization.ipynb #f3c796c3
 class ChatTokenizer:
