@@ -1,9 +1,9 @@
 #!/usr/bin/env python
 """Developer tool: edit notebooks as plain text, execute them in place to refresh outputs.
 
-  python tools/nbtool.py nb2py nbs/03_convert.ipynb > /tmp/03.py   # notebook -> editable text
-  python tools/nbtool.py py2nb /tmp/03.py nbs/03_convert.ipynb     # text -> notebook (outputs dropped)
-  python tools/nbtool.py run nbs/03_convert.ipynb                  # execute in place, keep outputs, nbdev_clean
+  python tools/nbtool.py nb2py nbs/08_convert.ipynb > /tmp/03.py   # notebook -> editable text
+  python tools/nbtool.py py2nb /tmp/03.py nbs/08_convert.ipynb     # text -> notebook (outputs dropped)
+  python tools/nbtool.py run nbs/08_convert.ipynb                  # execute in place, keep outputs, nbdev_clean
 
 Text format: a line `# %% [md]` starts a markdown cell (raw markdown follows),
 a line `# %%` starts a code cell. py2nb keeps the id (and outputs) of every unchanged cell and gives new cells a

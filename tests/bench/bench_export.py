@@ -32,7 +32,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--small", action="store_true", help="only the smallest model")
     args = ap.parse_args()
-    from unsloth_prep.export import merge_peak_mb
+    from unsloth_prep.oom import merge_peak_mb
     from unsloth_prep.memory import run_code
     tmp = Path(tempfile.mkdtemp())
     rows = []
