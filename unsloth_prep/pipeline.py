@@ -239,11 +239,10 @@ def _report(s: dict):
         print(f"warning: the template drops part of some records: {s['lost_parts']}", file=sys.stderr)
     if s.get("eval"): print(f"validation: {s['eval']['rows']:,} rows")
 
-def _hint(s: dict, opts: Options) -> str | None:
-    "One line: how to train on the rows in your own notebook (chat rows and pretraining blocks), else None."
-    if s["task"] not in ("sft", "pretrain"): return None
-    packed = s["task"] == "pretrain" or bool(getattr(opts, "pack", False))
-    collator = "PackedCollator" if packed else "PaddingCollator"
+def _hint(s: dict, opts: Options, step) -> str | None:
+    "One line: how to train on the rows in your own notebook (steps that name a collator), else None."
+    if not step.collator: return None
+    collator = "PackedCollator" if getattr(opts, "pack", False) else step.collator
     template = f"get_chat_template(tokenizer, {opts.template!r}) as prepared, " if opts.template else ""
     return (f"your own trainer: {template}SFTTrainer(train_dataset=load_prepared({s['out']!r}), "
             f"data_collator={collator}.from_tokenizer(tokenizer), args=SFTConfig(dataset_kwargs="
@@ -256,7 +255,7 @@ def prepare_main(args) -> dict:
     data, opts, step = parse_request(given, "cli", args.config)
     s = run_prepare(data, opts, step, args.config)
     _report(s)
-    if _hint(s, opts): print(_hint(s, opts))
+    if _hint(s, opts, step): print(_hint(s, opts, step))
     return s
 
 # %% ../nbs/18_pipeline.ipynb #2848c8fd

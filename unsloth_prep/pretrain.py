@@ -286,7 +286,7 @@ TEXT_ONLY = {"text", "id", "meta", "metadata", "source"}   # the keys of a plain
 
 class TextStep(Step):
     "Raw text for continued pretraining: documents -> token ids + EOS -> blocks with per-document positions."
-    name, trainer, priority = "pretrain", "pretrain", 20
+    name, trainer, priority, collator = "pretrain", "pretrain", 20, "PackedCollator"
     options = ("block_size", "text_field", "txt_mode", "keep_last", "stride")
     sums = ("records", "documents", "empty_docs", "rejected", "tokens")
 

@@ -138,6 +138,7 @@ class Step:
     columns: tuple = ("input_ids", "labels")   # the columns that identify its rows
     sums: tuple = ("records", "rows", "rejected")  # shard counts the run adds up
     trainer: str | None = None                 # what `train` runs on its rows
+    collator: str | None = None                # the collator your own trainer needs for its rows (prepare's hint)
     priority: int = 50                         # `--task auto` asks lower numbers first
     command: str = "prepare"                   # the command that runs it
 

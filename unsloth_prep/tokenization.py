@@ -1331,7 +1331,7 @@ def conversation_records(spec: dict, opts, rejects, report=None):
 # %% ../nbs/11_tokenization.ipynb #9c448564
 class ChatStep(Step):
     "Chat rows: conversations rendered with the chat template, tokenized, labels on the trained turns."
-    name, trainer, priority = "sft", "sft", 90
+    name, trainer, priority, collator = "sft", "sft", 90, "PaddingCollator"
     options = ("template", "train_on", "on_overflow", "chars_per_token", "pack", "drop_images")
     sums = ("records", "rows", "rejected", "dropped", "truncated", "tokens", "trainable_tokens")
 
