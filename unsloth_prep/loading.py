@@ -824,22 +824,22 @@ def _maybe_json(x):
     return x
 
 # %% ../nbs/04_loading.ipynb #3a315777
-def _tools(x, fmt: str) -> list:
-    "A record's tool schemas (a list, one schema, or their JSON text) as `[{'type': 'function', 'function': schema}]`."
+def _dict_list(x, error: str) -> list:
+    "Dicts from a list, one dict, or their JSON text; a ValueError saying `error` and what was found otherwise."
     x = _maybe_json(x)
     if isinstance(x, dict): x = [x]
-    if not isinstance(x, list) or not all(isinstance(t, dict) for t in x):
-        raise ValueError(f"{fmt} record: 'tools' must be a list of tool schemas (or its JSON text), "
-                         f"got {str(x)[:60]!r}")
+    if not isinstance(x, list) or not all(isinstance(d, dict) for d in x):
+        raise ValueError(f"{error}, got {str(x)[:60]!r}")
+    return x
+
+def _tools(x, fmt: str) -> list:
+    "A record's tool schemas (a list, one schema, or their JSON text) as `[{'type': 'function', 'function': schema}]`."
+    x = _dict_list(x, f"{fmt} record: 'tools' must be a list of tool schemas (or its JSON text)")
     return [{"type": "function", "function": t} if "name" in t and "function" not in t else t for t in x]
 
 def _tool_calls(x, where: str) -> list:
     "Tool calls (a list, one call, or their JSON text) as `[{type, id?, function: {name, arguments}}]`."
-    x = _maybe_json(x)
-    if isinstance(x, dict): x = [x]
-    if not isinstance(x, list) or not all(isinstance(tc, dict) for tc in x):
-        raise ValueError(f"{where} must be a list of calls ({{'function': {{'name', 'arguments'}}}}), "
-                         f"got {str(x)[:60]!r}")
+    x = _dict_list(x, f"{where} must be a list of calls ({{'function': {{'name', 'arguments'}}}})")
     out = []
     for tc in x:
         f = tc.get("function", tc)
