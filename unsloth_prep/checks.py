@@ -248,7 +248,8 @@ def bos_in_template(ctx: Context):
 # %% ../nbs/13_checks.ipynb #b99ec9b5
 @register("no_trainable_tokens", "error", "rows with no token to train (no assistant turn, or every label -100): "
           "NaN loss, a wasted batch slot", "give every record an assistant turn (check role names, "
-          "`mapping={'tags': {...}}`) or drop them: `write_clean(DATA, OUT)`", needs=("scan",))
+          "`--mapping '{\"tags\": {...}}'`) or drop them: `unsloth-prep doctor DATA --write-clean OUT`",
+          needs=("scan",))
 def no_trainable_tokens(ctx: Context):
     "Fires when the scanned rows include rows whose labels are all -100."
     n = ctx.scan.get("fully_masked", 0)
