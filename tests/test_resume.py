@@ -111,7 +111,7 @@ def test_resume_path_errors(data):
 
 
 # the other tasks' trainers: raw data, what `prepare --config` writes from it, and the length
-TASK_RUNS = {"pretrain": ("corpus.jsonl", "blocks.parquet", 64), "dpo": ("pairs.jsonl", "pairs.parquet", 128)}
+TASK_RUNS = {"pretrain": ("corpus.jsonl", "blocks", 64), "dpo": ("pairs.jsonl", "pairs", 128)}
 
 
 def _task_config(data, name: str, task: str) -> Path:
