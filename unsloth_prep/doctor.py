@@ -309,9 +309,14 @@ def _assistant_texts(conv: dict) -> list:
     msgs = conv.get("messages") or ((conv.get("chosen") or []) + (conv.get("rejected") or []))
     return [str(m.get("content") or "") for m in msgs if m.get("role") == "assistant"]
 
+def _plain_text(conv: dict) -> str | None:
+    "The text of a normalised plain-text record (`{'text': ...}`); None for a conversation."
+    return (conv["text"] or "") if "text" in conv else None
+
 def _char_count(conv: dict) -> int:
     "Characters of a normalised record's text (all message contents, or the text field)."
-    if "text" in conv: return len(conv["text"] or "")
+    text = _plain_text(conv)
+    if text is not None: return len(text)
     return sum(len(m.get("content") or "") for m in conv.get("messages", []) if isinstance(m.get("content"), str))
 
 # %% ../nbs/19_doctor.ipynb #8c1cf90c
@@ -355,8 +360,9 @@ def check_records(stream, head: list, report: Report, fmt: str = "auto", mapping
         chars = _char_count(conv)
         if chars > HUGE_CHARS: report.add("huge_record", where, detail=f"{chars:,} characters")
         texts = _assistant_texts(conv)
-        if "text" in conv:
-            if not conv["text"].strip(): report.add("empty_response", where, detail="empty text")
+        text = _plain_text(conv)
+        if text is not None:
+            if not text.strip(): report.add("empty_response", where, detail="empty text")
             continue
         empty = [t for t in texts if not t.strip()]
         if empty: report.add("empty_response", where, detail=f"assistant content {empty[0]!r}")
@@ -500,8 +506,9 @@ def _clean_code(rec: dict, fmt: str, mapping: dict, seen: set) -> tuple:
     try: conv = normalize_record(rec, fmt, mapping)
     except ValueError: return "invalid_record", None
     texts = _assistant_texts(conv)
-    if "text" in conv and not conv["text"].strip() or any(not t.strip() for t in texts): return "empty_response", None
-    if "text" not in conv and not texts: return "no_trainable_tokens", None
+    text = _plain_text(conv)
+    if text is not None and not text.strip() or any(not t.strip() for t in texts): return "empty_response", None
+    if text is None and not texts: return "no_trainable_tokens", None
     h = record_key(conv)
     if h in seen: return "duplicate", None
     seen.add(h)
