@@ -130,3 +130,25 @@ def test_reference_tokenizer_read_only_when_needed(tmp_path):
     prepare(src, ref, tmp_path / "b.parquet")
     assert fast._tokenizer._ref is None                                     # no row needed it
     assert pq.read_table(tmp_path / "a.parquet").to_pylist() == pq.read_table(tmp_path / "b.parquet").to_pylist()
+
+
+def test_second_load_reads_no_reference(tmp_path, monkeypatch):
+    """The probe, the engines' agreement and the token byte lengths are kept by the tokenizer file's content: a second
+    load (the next run, a worker) reads no reference engine and finds the same; a changed file is probed again."""
+    import shutil
+    import unsloth_prep.tokenizer as T
+    monkeypatch.setenv("UNSLOTH_PREP_CACHE", str(tmp_path / "cache"))
+    reads, real = [], T._read_reference
+    monkeypatch.setattr(T, "_read_reference", lambda p: reads.append(p) or real(p))
+    first = T.load_tokenizer(tiny_model())
+    assert len(reads) == 1 and len(list((tmp_path / "cache" / "probes").glob("*.npz"))) == 1
+    again = T.load_tokenizer(tiny_model())
+    assert len(reads) == 1 and again.encoder == first.encoder == "fastokens" and again.probe == first.probe
+    assert (T.token_bytes(again) == T.token_bytes(first)).all()
+    texts = ["数据 hi <|im_end|>", "plain words"]
+    assert all((a == b).all() for a, b in zip(again.encode_flat(texts), first.encode_flat(texts)))
+    changed = tmp_path / "changed"
+    shutil.copytree(tiny_model(), changed)
+    (changed / "tokenizer.json").write_text((changed / "tokenizer.json").read_text().replace('"<|im_end|>"', '"<|im_END|>"'))
+    T.load_tokenizer(changed, require_template=False)
+    assert len(reads) == 2                                                  # another file: another key

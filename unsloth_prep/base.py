@@ -227,43 +227,57 @@ def record_key(obj) -> int:
 
 # %% ../nbs/02_base.ipynb #86df92b3
 class ParquetSink:
-    "Stream pyarrow tables into one Parquet file at `path`, atomically; `empty`: schema of an empty output."
+    """Stream pyarrow tables into one Parquet file at `path`, atomically; `empty`: schema of an empty output.
+    Each table is written by one background thread while the caller makes the next one (one table in flight)."""
     def __init__(self, path, empty=None, metadata: dict | None = None, **writer_kw):
         self.path, self.empty, self.metadata, self.kw = Path(path), empty, metadata, writer_kw
-        self.writer, self.rows, self._cm = None, 0, None
+        self.writer, self.rows, self._cm, self._pending, self._pool = None, 0, None, None, None
 
     def _open(self, schema):
         if self.metadata is not None:
             meta = {**(schema.metadata or {}), b"unsloth_prep": json.dumps(self.metadata, default=str).encode()}
             schema = schema.with_metadata(meta)
-        import pyarrow.parquet as pq
-        self.writer = pq.ParquetWriter(self.tmp, schema, **self.kw)
+        import pyarrow as pa, pyarrow.parquet as pq
+        pool = pa.system_memory_pool()    # freed pages go back to the system (Arrow's default pool keeps them)
+        self.writer = pq.ParquetWriter(self.tmp, schema, memory_pool=pool, **self.kw)
         return schema
 
     def __enter__(self):
+        from concurrent.futures import ThreadPoolExecutor
         self._cm = atomic_path(self.path)
         self.tmp = self._cm.__enter__()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="unsloth-prep-write")
         return self
 
 # %% ../nbs/02_base.ipynb #8a6cb2ad
 @patch
 def write(self: ParquetSink, table):
-    "Append one table (or record batch) to the file."
+    "Append one table (or record batch); it is written in the background while the caller makes the next one."
     if self.writer is None: self.schema = self._open(table.schema)
-    self.writer.write(table)
+    self.flush()
+    self._pending = self._pool.submit(self.writer.write, table)
     self.rows += table.num_rows
 
 @patch
+def flush(self: ParquetSink):
+    "Wait for the table in flight; a failed write raises here."
+    pending, self._pending = self._pending, None
+    if pending is not None: pending.result()
+
+@patch
 def __exit__(self: ParquetSink, *exc):
-    "Close the file; on success with nothing written, write the empty schema; rename it into place."
+    "Finish the table in flight, close the file (the empty schema when nothing was written), rename it into place."
+    self._pool.shutdown(wait=True)
     try:
+        if exc[0] is None: self.flush()
         if exc[0] is None and self.writer is None:
             import pyarrow as pa
             self._open(self.empty if self.empty is not None else pa.schema([]))
         if self.writer is not None: self.writer.close()   # a full disk shows here: the temp file still goes
-    finally:
-        done = self._cm.__exit__(*exc)
-    return done
+    except BaseException as e:
+        self._cm.__exit__(type(e), e, e.__traceback__)    # a failed write or close leaves nothing behind
+        raise
+    return self._cm.__exit__(*exc)
 
 # %% ../nbs/02_base.ipynb #ca3ef994
 TOKEN_PARQUET = dict(compression="zstd", compression_level=1, use_dictionary=True)  # how token columns are written

@@ -6,11 +6,11 @@
 from __future__ import annotations
 import argparse, functools, importlib, json, os, resource, signal, sys, threading, time
 from . import __version__
-from .memory import own_peak_mb
+from .memory import lean_allocators, own_peak_mb
 
 # %% auto #0
-__all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser', 'one_line', 'peak_rss_mb',
-           'finish', 'Lines', 'own_stdout', 'Interrupted', 'main']
+__all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'DATA_COMMANDS', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser', 'one_line',
+           'peak_rss_mb', 'finish', 'Lines', 'own_stdout', 'Interrupted', 'main']
 
 # %% ../nbs/25_cli.ipynb #79d04305
 COMMANDS = {
@@ -161,6 +161,8 @@ def _run_stage(name: str, main_fn, args, t0: float) -> int:
     print(finish({"command": name, **summary}, t0), flush=True)
     return code
 
+DATA_COMMANDS = ("generate", "inspect", "convert", "stats", "prepare", "pack", "doctor")  # no torch, our batches
+
 @own_stdout
 def main(argv: list | None = None) -> int:
     "Entry point of `unsloth-prep`."
@@ -172,6 +174,7 @@ def main(argv: list | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
+    if name in DATA_COMMANDS: lean_allocators()   # before pyarrow loads: freed memory goes back to the system
     parser, module, prefix = command_parser(name)
     args = parser.parse_args(rest)
     if threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGTERM, _on_signal)

@@ -12,8 +12,8 @@ import psutil
 
 # %% auto #0
 __all__ = ['MB', 'rss_mb', 'cuda_available', 'cuda_reset_peak', 'cuda_peak_mb', 'MemResult', 'track', 'measure', 'own_peak_mb',
-           'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'count_records_whole',
-           'count_records_streaming']
+           'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators',
+           'count_records_whole', 'count_records_streaming']
 
 # %% ../nbs/00_memory.ipynb #08bba790
 MB = 1024 * 1024
@@ -251,6 +251,13 @@ def plot_timelines(results: list, title: str | None = None, figsize=(6, 3)):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/00_memory.ipynb #d3217c97
+def lean_allocators() -> bool:
+    "Arrow allocates with the system allocator here and in the processes this one starts; False where it cannot."
+    if "ARROW_DEFAULT_MEMORY_POOL" in os.environ: return False  # the user's choice
+    os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"          # read when pyarrow loads (children inherit it)
+    return "pyarrow" not in sys.modules
 
 # %% ../nbs/00_memory.ipynb #f0f94cf3
 def count_records_whole(path) -> int:

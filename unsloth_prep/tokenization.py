@@ -806,16 +806,24 @@ def lists_array(rows) -> "pa.ListArray":
     np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)), out=offsets[1:])
     return list_array(offsets, np.fromiter(chain.from_iterable(rows), np.int32, int(offsets[-1])))
 
+_ONES = np.ones(0, np.int32)
+
+def _ones(n: int) -> np.ndarray:
+    "`n` int32 ones from one shared read-only buffer (grown when a batch needs more): no new array per batch."
+    global _ONES
+    if len(_ONES) < n:
+        _ONES = np.ones(n, np.int32)
+        _ONES.flags.writeable = False
+    return _ONES[:n]
+
 def token_columns(pieces: list, lens: list, intervals: list, train_all: bool) -> dict:
-    "input_ids / attention_mask / labels as Arrow list<int32> arrays built from flat numpy buffers."
+    "input_ids / attention_mask / labels as Arrow list<int32> arrays over flat numpy buffers (no other temporaries)."
     offsets = np.zeros(len(lens) + 1, np.int32)
     np.cumsum(lens, out=offsets[1:])
-    total = int(offsets[-1])
-    ids = np.concatenate(pieces).astype(np.int32) if pieces else np.zeros(0, np.int32)
-    st, en = (np.array([iv[j] for iv in intervals], np.int64) for j in (0, 1))
-    mask = _interval_mask(st, en, total) if len(st) else np.zeros(total, bool)
-    labels = np.where(mask ^ train_all, ids, np.int32(-100)).astype(np.int32)  # all: the intervals are masked
-    return {"input_ids": list_array(offsets, ids), "attention_mask": list_array(offsets, np.ones(total, np.int32)),
+    ids = np.concatenate(pieces, dtype=np.int32, casting="unsafe") if pieces else np.zeros(0, np.int32)
+    labels = ids.copy() if train_all else np.full(len(ids), -100, np.int32)
+    for a, b in intervals: labels[a:b] = -100 if train_all else ids[a:b]  # all: the intervals are masked
+    return {"input_ids": list_array(offsets, ids), "attention_mask": list_array(offsets, _ones(len(ids))),
             "labels": list_array(offsets, labels)}
 
 # %% ../nbs/11_tokenization.ipynb #81d7f3ec

@@ -114,7 +114,6 @@ def from_folder(cls: LeanTokenizer, path, fast=None):
     special = {k: _token_text(cfg.get(k)) for k in SPECIAL_KEYS}
     json_path = path / "tokenizer.json"
     backend = _read_reference(json_path) if fast is None else LazyBackend(json_path, fast)
-    if fast is not None: backend.ref  # read now (the probe needs it, and a bad file is named here), dropped after
     tok = cls(backend, _folder_template(path, cfg), special, path)
     tok.chat_templates, tok.padding_side = _folder_templates(path, cfg), cfg.get("padding_side", "right")
     jinja = path / "chat_template.jinja"
@@ -648,7 +647,7 @@ def _fast_tokenizer(backend, json_path=None):
 class Encoder:
     "The engine that turns texts into ids: fastokens where a probe shows it gives `tokenizers`' ids, else `tokenizers`."
     def __init__(self, backend, encoder: str = "auto", rendered=(), where: str = "tokenizer", json_path=None,
-                 fast=None):
+                 fast=None, probe: dict | None = None):
         if encoder not in ENCODERS: raise ValueError(f"encoder must be one of {ENCODERS}, got {encoder!r}")
         self.backend, self.fast, self.name, self.probe, self.asked = backend, None, "tokenizers", None, encoder
         if encoder == "tokenizers": return
@@ -656,7 +655,7 @@ class Encoder:
             self.fast = fast if fast is not None else _fast_tokenizer(backend, json_path)
             if self.fast is None: raise ImportError("the fastokens package cannot be imported")
             specials = [t.content for t in backend.get_added_tokens_decoder().values()]
-            self.probe = self._probe(probe_texts(specials, rendered))
+            self.probe = probe or self._probe(probe_texts(specials, rendered))  # `probe`: a kept one
         except Exception as e:  # not installed, or it cannot read or encode this tokenizer
             self.fast = None
             if encoder == "fastokens": raise ValueError(f"{where}: --encoder fastokens: {e}") from None
@@ -838,13 +837,15 @@ def _fast_agrees(backend) -> bool:
     theirs = {i: (t.content, t.special) for i, t in ref.get_added_tokens_decoder().items()}
     return mine == theirs and fast.vocab_size == ref.get_vocab_size(with_added_tokens=True)
 
-def _settle_reference(tok):
-    "Keep the reference tokenizer in memory only where it encodes; fastokens answers the rest where it agrees."
+def _settle_reference(tok, agrees: bool | None = None) -> bool:
+    "Keep the reference tokenizer only where it encodes; fastokens answers the rest where it agrees (`agrees`: kept)."
     backend = tok._tokenizer
     if getattr(backend, "lazy", False):
-        if not _fast_agrees(backend): backend.fast = None
+        agrees = _fast_agrees(backend) if agrees is None else agrees
+        if not agrees: backend.fast = None
         if tok.engine.name == "fastokens" and backend.fast is not None: backend.release()
     _release_memory()
+    return bool(agrees)
 
 # %% ../nbs/10_tokenizer.ipynb #tb0ex001
 def token_bytes(tokenizer) -> np.ndarray | None:
@@ -860,6 +861,37 @@ def token_bytes(tokenizer) -> np.ndarray | None:
     tokenizer.__dict__["_unsloth_prep_bytes"] = out
     return out
 
+# %% ../nbs/10_tokenizer.ipynb #93d09bc7
+def _probe_file(folder: Path, renders: list, fast) -> Path:
+    "Where the load-time findings for this `tokenizer.json`, these rendered chats and these engines are kept."
+    from importlib.metadata import version
+    from unsloth_prep.fixtures import default_cache_dir
+    from unsloth_prep.outputs import digest, file_digest
+    engines = [version("fastokens"), version("tokenizers"), f"{type(fast).__module__}.{type(fast).__name__}"]
+    key = digest({"file": file_digest(folder / "tokenizer.json"), "renders": renders, "texts": PROBE_TEXTS,
+                  "engines": engines, "format": 1})
+    return default_cache_dir() / "probes" / f"{key}.npz"
+
+def _kept_probe(path: Path) -> dict | None:
+    "The findings kept at `path` (None when absent or unreadable: they are made again)."
+    import numpy as np
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(str(z["meta"]))
+            return {**meta, "bytes": z["bytes"] if meta["has_bytes"] else None}
+    except Exception: return None
+
+def _keep_probe(path: Path, tok, agrees: bool):
+    "Keep the probe, the engines' agreement and the token byte lengths (a failed write costs only the next load)."
+    import numpy as np
+    from unsloth_prep.base import atomic_path
+    tb = token_bytes(tok)
+    meta = {"probe": tok.engine.probe, "agrees": agrees, "has_bytes": tb is not None}
+    try:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, meta=np.array(json.dumps(meta)), bytes=tb if tb is not None else np.zeros(0, np.int64))
+    except OSError: pass
+
 # %% ../nbs/10_tokenizer.ipynb #d5950348
 def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = False, require_template: bool = True,
                    encoder: str = "auto", renderer: str = "auto") -> LeanTokenizer:
@@ -873,9 +905,13 @@ def load_tokenizer(path, template: str | None = None, trust_remote_code: bool = 
     tok = LeanTokenizer.from_folder(folder, fast)
     tok.renderer = renderer
     if require_template and not tok.chat_template: raise ValueError(no_template_message(tok))
-    plain = plain_backend(tok)
+    plain, renders = plain_backend(tok), _probe_renders(tok)
     fast = fast if plain is tok._tokenizer else None  # the file sets truncation or padding: build from the plain one
-    tok.engine = Encoder(plain, encoder, _probe_renders(tok), str(folder), fast=fast)
+    kept_at = _probe_file(folder, renders, fast) if fast is not None else None
+    kept = _kept_probe(kept_at) if kept_at else None  # probed before: the reference engine is not read at all
+    if kept: tok.__dict__["_unsloth_prep_bytes"] = kept["bytes"]
+    tok.engine = Encoder(plain, encoder, renders, str(folder), fast=fast, probe=kept and kept["probe"])
     token_bytes(tok)                                   # read while the reference engine is still here
-    _settle_reference(tok)
+    agrees = _settle_reference(tok, kept and kept["agrees"])
+    if kept_at and not kept: _keep_probe(kept_at, tok, agrees)
     return tok

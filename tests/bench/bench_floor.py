@@ -123,7 +123,7 @@ with ParquetSink(OUT, token_schema(), **TOKEN_PARQUET) as sink:
         t = clock(); preps = ct.render_batch(recs, counts, start); s["render"] += clock() - t
         t = clock(); enc = ct.encode(preps); s["encode"] += clock() - t
         t = clock(); table = _arrow_table(ct.columns(preps, enc, counts, start)); s["masks"] += clock() - t
-        t = clock(); sink.write(table); s["write"] += clock() - t
+        t = clock(); sink.write(table); getattr(sink, "flush", lambda: None)(); s["write"] += clock() - t  # unrolled: wait for it
         start += len(recs)
 s["total"] = time.time() - T0
 print(json.dumps({"stages": s, "rows": counts.rows_out, "tokens": counts.tokens}))
@@ -248,13 +248,17 @@ def write_zipf(path: str, mb: float, seed: int = 2):
             if n >= limit: break
 
 
-def prepare(src, tok, out, package, workers=1) -> dict:
+AS_IS = "import unsloth_prep.cli as c\nc.lean_allocators = lambda: False\n"  # Arrow's default memory pool
+
+
+def prepare(src, tok, out, package, workers=1, lean=True) -> dict:
     "`unsloth-prep prepare` in a fresh process: wall seconds, tree and process peaks, the summary."
     import shutil
     shutil.rmtree(out, ignore_errors=True) if Path(out).is_dir() else Path(out).unlink(missing_ok=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if package: env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
-    code = "import sys\nfrom unsloth_prep.cli import main\nsys.exit(main(sys.argv[1:]))"
+    code = ("" if lean else AS_IS) + "import sys\nfrom unsloth_prep.cli import main\nsys.exit(main(sys.argv[1:]))"
+    env.pop("ARROW_DEFAULT_MEMORY_POOL", None)
     argv = [sys.executable, "-c", code, "prepare", str(src), "--tokenizer", tok, "--out", str(out), "--no-progress"]
     r = tree_run(argv + (["--workers", str(workers)] if workers > 1 else []), env)
     return {**r, "summary": json.loads(r["stdout"].strip().splitlines()[-1])}
@@ -297,6 +301,9 @@ def main(argv=None):
             st = child(STAGES, a.package, SRC=str(src), TOK=tok, OUT=str(work / "stages.parquet"))
             row.update(floor=fl, stages=st["stages"], stages_peak_mb=st["tree_peak_mb"])
             row["x_floor"] = r["seconds"] / fl["floor_s"]
+            a0 = prepare(src, tok, work / f"out-{mb:g}-as-is", a.package, lean=False)
+            row["as_is"] = {"seconds": a0["seconds"], "tree_peak_mb": a0["tree_peak_mb"]}
+            row["pack"] = pack(out, work / f"pack-{mb:g}", 2048, a.package)
             if a.workers > 1:
                 w = prepare(src, tok, work / f"out-{mb:g}-w{a.workers}", a.package, a.workers)
                 row["workers"] = {"n": a.workers, "seconds": w["seconds"], "tree_peak_mb": w["tree_peak_mb"],
@@ -307,6 +314,19 @@ def main(argv=None):
     report_targets(res, sizes)
     print(json.dumps(res, default=str))
     return res
+
+
+def pack(src, out, length, package) -> dict:
+    "`unsloth-prep pack` of a prepared folder in a fresh process: seconds, tree peak, rows."
+    import shutil
+    shutil.rmtree(out, ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")])))
+    code = "import sys\nfrom unsloth_prep.cli import main\nsys.exit(main(sys.argv[1:]))"
+    r = tree_run([sys.executable, "-c", code, "pack", str(src), "--out", str(out), "--max-seq-length", str(length),
+                  "--no-progress"], env)
+    s = json.loads(r["stdout"].strip().splitlines()[-1])
+    return {"seconds": r["seconds"], "tree_peak_mb": r["tree_peak_mb"], "rows": s.get("rows"), "length": length,
+            "input_mb": sum(f.stat().st_size for f in Path(src).glob("*.parquet")) / 2**20}
 
 
 def peers(src, tok, ours, work) -> dict:
@@ -332,10 +352,19 @@ def report_size(mb, row):
         s = row["stages"]
         print("stages (one process, unrolled): " + ", ".join(f"{k} {v:.2f} s" for k, v in s.items()) +
               f"; peak {row['stages_peak_mb']:.0f} MB")
+    if "as_is" in row:
+        print(f"the same prepare with Arrow's default memory pool: {row['as_is']['seconds']:.1f} s, tree peak "
+              f"{row['as_is']['tree_peak_mb']:.0f} MB (lean_allocators: {row['prepare_s']:.1f} s, "
+              f"{row['tree_peak_mb']:.0f} MB)")
+    if "pack" in row:
+        k = row["pack"]
+        print(f"pack of this output ({k['input_mb']:.0f} MB of Parquet) into {k['length']}-token rows: "
+              f"{k['seconds']:.1f} s, tree peak {k['tree_peak_mb']:.0f} MB, {k['rows']:,} rows")
     if "workers" in row:
         w = row["workers"]
-        print(f"--workers {w['n']}: {w['seconds']:.1f} s, tree peak {w['tree_peak_mb']:.0f} MB, largest process "
-              f"{w['process_peak_mb']:.0f} MB ({w['processes']} processes)")
+        print(f"--workers {w['n']}: {w['seconds']:.1f} s ({row['prepare_s'] / w['seconds']:.2f}x one worker), tree "
+              f"peak {w['tree_peak_mb']:.0f} MB, largest process {w['process_peak_mb']:.0f} MB ({w['processes']} "
+              "processes)")
     for name, p in row.get("peers", {}).items():
         if "error" in p:
             print(f"{name}: failed: {p['error'][-300:]}")
@@ -354,6 +383,13 @@ def report_targets(res, sizes):
     for mb, r in zip(sizes, rows):
         ok = r["tree_peak_mb"] <= 300
         print(f"tree peak <= 300 MB at {mb:g} MB: {r['tree_peak_mb']:.0f} MB ({'met' if ok else 'MISSED'})")
+    if "pack" in first:
+        k = first["pack"]
+        print(f"pack of {sizes[0]:g} MB of input's tokens <= 400 MB: {k['tree_peak_mb']:.0f} MB "
+              f"({'met' if k['tree_peak_mb'] <= 400 else 'MISSED'})")
+    if "workers" in first:
+        x = first["prepare_s"] / first["workers"]["seconds"]
+        print(f"--workers {first['workers']['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'})")
     if len(rows) > 1:
         d = abs(rows[-1]["tree_peak_mb"] - rows[0]["tree_peak_mb"]) / rows[0]["tree_peak_mb"]
         print(f"{sizes[-1]:g} MB peak within 10% of the {sizes[0]:g} MB one: {d:.1%} ({'met' if d <= 0.1 else 'MISSED'})")
