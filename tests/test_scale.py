@@ -140,6 +140,39 @@ def test_worker_killed_at_once_fails_the_run(tmp_path):
     assert "shard 1 (f1) failed: WorkerDied: exit code 9" in _dead_worker_run(tmp_path, 0.0)
 
 
+STARTUP = """import sys
+from unsloth_prep.base import Progress
+from unsloth_prep.parallel import _run_local
+from unsloth_prep.steps import Step, make_options
+
+def _refuse(): raise RuntimeError("this step cannot be loaded in a worker")
+
+class Unloadable(Step):
+    "A step that pickles in the parent and fails to load in every worker, before the worker takes its job."
+    name = "unloadable"
+    def __reduce__(self): return (_refuse, ())
+
+if __name__ == "__main__":
+    jobs = [{"index": i, "step": Unloadable(), "opts": make_options({}), "split": "train", "key": str(i),
+             "spec": {"parts": [{"path": f"f{i}"}], "bytes": 0}, "out": f"{i}.parquet", "rejects": f"{i}.jsonl"}
+            for i in range(3)]
+    try: _run_local(jobs, 2, Progress(enabled=False))
+    except RuntimeError as e: sys.exit(str(e).splitlines()[0])
+"""
+
+
+def test_workers_dead_before_any_job_fail_the_run(tmp_path):
+    "Every worker dying as it starts (before it holds a job) fails the run naming the first shard: no endless wait."
+    import subprocess
+    (tmp_path / "startup.py").write_text(STARTUP)
+    try: err = subprocess.run([sys.executable, "startup.py"], cwd=tmp_path, capture_output=True, text=True,
+                              timeout=60).stderr
+    except subprocess.TimeoutExpired: err = "the run still waits after 60 s"
+    assert "this step cannot be loaded in a worker" in err     # each worker's own traceback reaches stderr
+    assert err.strip().splitlines()[-1] == ("shard 0 (f0) failed: WorkerDied: every worker ended before it was done "
+                                            "(exit codes 1, 1)")
+
+
 def test_progress_quiet_off_terminal(capsys):
     with Progress(total_bytes=100, desc="x") as bar: bar.update(5, 50)
     assert capsys.readouterr().err == ""

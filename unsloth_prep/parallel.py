@@ -213,11 +213,16 @@ def _handle(msg, by_index: dict, done: dict, bar, on_done):
     else: raise _failure(by_index[i], *msg[2:])
 
 def _check_alive(pool: _Pool, by_index: dict, done: dict):
-    "A worker that died holding an unfinished job is that job's failure (the job it took is in shared memory)."
+    """A worker that died holding an unfinished job is that job's failure (the job it took is in shared memory); so
+    is the first job left when every worker has ended (a worker can die before it takes one)."""
     for k, p in enumerate(pool.procs):
         i = pool.held[k]
         if not p.is_alive() and i >= 0 and i not in done:
             raise _failure(by_index[i], "WorkerDied", f"exit code {abs(p.exitcode or 0)}")
+    if any(p.is_alive() for p in pool.procs) or not pool.results.empty(): return   # what they sent is read first
+    left = next(i for i in by_index if i not in done)   # every worker gone before taking it (one died starting up)
+    codes = ", ".join(str(abs(p.exitcode or 0)) for p in pool.procs)
+    raise _failure(by_index[left], "WorkerDied", f"every worker ended before it was done (exit codes {codes})")
 
 def _run_local(jobs: list, workers: int, bar, on_done=None) -> list:
     "Run the jobs in `workers` spawned processes; their summaries in job order."
