@@ -65,10 +65,27 @@ def tree_run(argv, env=None, timeout=7200) -> dict:
             "processes": len(procs), "stdout": stdout, "stderr": stderr}
 
 
-def child(code: str, package: str | None, **values) -> dict:
-    "Run `code` (which prints one JSON line last) in a fresh process with `values` bound; its result and memory."
+def package_env(package: str | None) -> dict:
+    "This environment with `package` first on the path (None: the installed package)."
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if package: env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
+    return env
+
+
+CLI = "import sys\nfrom unsloth_prep.cli import main\nsys.exit(main(sys.argv[1:]))"
+
+
+def cli_run(args: list, package: str | None, prelude: str = "") -> dict:
+    "`unsloth-prep ARGS --no-progress` in a fresh process (`prelude` first): tree_run's figures and the summary line."
+    env = package_env(package)
+    env.pop("ARROW_DEFAULT_MEMORY_POOL", None)    # each command picks Arrow's pool as a user's shell would
+    r = tree_run([sys.executable, "-c", prelude + CLI, *map(str, args), "--no-progress"], env)
+    return {**r, "summary": json.loads(r["stdout"].strip().splitlines()[-1])}
+
+
+def child(code: str, package: str | None, **values) -> dict:
+    "Run `code` (which prints one JSON line last) in a fresh process with `values` bound; its result and memory."
+    env = package_env(package)
     env["BENCH_T0"] = repr(time.time())
     prelude = "".join(f"{k} = {v!r}\n" for k, v in values.items())
     r = tree_run([sys.executable, "-c", prelude + code], env)
@@ -123,7 +140,7 @@ with ParquetSink(OUT, token_schema(), **TOKEN_PARQUET) as sink:
         t = clock(); preps = ct.render_batch(recs, counts, start); s["render"] += clock() - t
         t = clock(); enc = ct.encode(preps); s["encode"] += clock() - t
         t = clock(); table = _arrow_table(ct.columns(preps, enc, counts, start)); s["masks"] += clock() - t
-        t = clock(); sink.write(table); getattr(sink, "flush", lambda: None)(); s["write"] += clock() - t  # unrolled: wait for it
+        t = clock(); sink.write(table); getattr(sink, "flush", lambda: None)(); s["write"] += clock() - t  # waited for
         start += len(recs)
 s["total"] = time.time() - T0
 print(json.dumps({"stages": s, "rows": counts.rows_out, "tokens": counts.tokens}))
@@ -255,13 +272,8 @@ def prepare(src, tok, out, package, workers=1, lean=True) -> dict:
     "`unsloth-prep prepare` in a fresh process: wall seconds, tree and process peaks, the summary."
     import shutil
     shutil.rmtree(out, ignore_errors=True) if Path(out).is_dir() else Path(out).unlink(missing_ok=True)
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    if package: env["PYTHONPATH"] = os.pathsep.join(filter(None, [package, env.get("PYTHONPATH")]))
-    code = ("" if lean else AS_IS) + "import sys\nfrom unsloth_prep.cli import main\nsys.exit(main(sys.argv[1:]))"
-    env.pop("ARROW_DEFAULT_MEMORY_POOL", None)
-    argv = [sys.executable, "-c", code, "prepare", str(src), "--tokenizer", tok, "--out", str(out), "--no-progress"]
-    r = tree_run(argv + (["--workers", str(workers)] if workers > 1 else []), env)
-    return {**r, "summary": json.loads(r["stdout"].strip().splitlines()[-1])}
+    args = ["prepare", src, "--tokenizer", tok, "--out", out] + (["--workers", workers] if workers > 1 else [])
+    return cli_run(args, package, "" if lean else AS_IS)
 
 
 def main(argv=None):
@@ -320,13 +332,9 @@ def pack(src, out, length, package) -> dict:
     "`unsloth-prep pack` of a prepared folder in a fresh process: seconds, tree peak, rows."
     import shutil
     shutil.rmtree(out, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [package, os.environ.get("PYTHONPATH")])))
-    code = "import sys\nfrom unsloth_prep.cli import main\nsys.exit(main(sys.argv[1:]))"
-    r = tree_run([sys.executable, "-c", code, "pack", str(src), "--out", str(out), "--max-seq-length", str(length),
-                  "--no-progress"], env)
-    s = json.loads(r["stdout"].strip().splitlines()[-1])
-    return {"seconds": r["seconds"], "tree_peak_mb": r["tree_peak_mb"], "rows": s.get("rows"), "length": length,
-            "input_mb": sum(f.stat().st_size for f in Path(src).glob("*.parquet")) / 2**20}
+    r = cli_run(["pack", src, "--out", out, "--max-seq-length", length], package)
+    return {"seconds": r["seconds"], "tree_peak_mb": r["tree_peak_mb"], "rows": r["summary"].get("rows"),
+            "length": length, "input_mb": sum(f.stat().st_size for f in Path(src).glob("*.parquet")) / 2**20}
 
 
 def peers(src, tok, ours, work) -> dict:
