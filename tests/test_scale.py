@@ -173,6 +173,36 @@ def test_workers_dead_before_any_job_fail_the_run(tmp_path):
                                             "(exit codes 1, 1)")
 
 
+def test_notebook_run_of_a_step_class_still_runs_on_workers(corpus, tmp_path):
+    """A notebook that runs a step's class again (its class is then in `__main__`, which a worker cannot import)
+    keeps the registered class, so `--workers 2` runs in that kernel as it does from the shell."""
+    from unsloth_prep.steps import STEPS, register
+    from unsloth_prep.tokenization import ChatStep
+    original = STEPS["sft"]
+    again = type("ChatStep", (ChatStep,), {"__module__": "__main__"})   # what `class ChatStep` in a notebook makes
+    try:
+        assert register(again()) is original and STEPS["sft"] is original
+        m = run_prepare_sharded(corpus["d"] / "in" / "a.jsonl", corpus["tok"], tmp_path / "w", workers=2, shards=2,
+                                on_error="skip", max_seq_length=512)
+        assert rows_digest(data_files(tmp_path / "w")) == rows_digest(corpus["d"] / "single_a.parquet")
+    finally: STEPS["sft"] = original
+
+
+def test_a_job_a_worker_cannot_load_fails_at_once(tmp_path, monkeypatch):
+    "A step defined only in `__main__` cannot reach a worker: a ValueError before any starts, not a lost job."
+    from unsloth_prep.steps import Step, make_options
+    only_here = type("OnlyHere", (Step,), {"__module__": "__main__", "name": "only-here"})
+    jobs = [{"index": i, "step": only_here(), "opts": make_options({}), "split": "train", "key": str(i),
+             "spec": {"parts": [{"path": f"f{i}"}], "bytes": 0}, "out": str(tmp_path / f"{i}.parquet"),
+             "rejects": str(tmp_path / f"{i}.jsonl")} for i in range(2)]
+    with pytest.raises(ValueError, match="cannot be sent to a worker process .*; define it in a module, or run with"):
+        _run_local(jobs, 2, Progress(enabled=False))
+    import types                                        # a notebook's __main__ has no file a worker could import
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
+    with pytest.raises(ValueError, match="'OnlyHere' is defined in this notebook .*; define it in a module"):
+        _run_local(jobs, 2, Progress(enabled=False))
+
+
 def test_progress_quiet_off_terminal(capsys):
     with Progress(total_bytes=100, desc="x") as bar: bar.update(5, 50)
     assert capsys.readouterr().err == ""

@@ -162,11 +162,12 @@ def _die_with_parent(parent: int | None):
 def _worker_main(tasks, results, parent: int, held=None, slot: int = 0):
     "A worker process: run jobs from `tasks` until a None, sending progress, summaries or the first error."
     _die_with_parent(parent)
-    while (job := tasks.get()) is not None:
+    while (blob := tasks.get()) is not None:
+        job = pickle.loads(blob)
         if held is not None: held[slot] = job["index"]   # shared memory: the parent sees it even if we die at once
         try:
             report = _Reporter(results, job["index"])
-            s = run_job(job, report)
+            s = pickle.dumps(run_job(job, report))          # pickled here: a queue's thread would drop it in silence
             report.flush()
             results.put(("done", job["index"], s))
         except BaseException as e:
@@ -182,13 +183,26 @@ def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
     if kind == "OSError": return OSError(f"shard {job['index']} ({where}): {msg}")   # a full disk, a lost mount
     return RuntimeError(f"shard {job['index']} ({where}) failed: {kind}: {msg}\n{tb}")
 
+_MOVE = "define it in a module, or run with one worker"
+
+def _pickled(jobs: list) -> list:
+    """The jobs as bytes for worker processes, pickled here: a queue pickles in a thread of its own, which drops what
+    fails (the workers would never see the job); here it is an error naming what a worker could not load."""
+    here = sorted({type(j["step"]).__name__ for j in jobs if type(j["step"]).__module__ == "__main__"})
+    if here and not getattr(sys.modules.get("__main__"), "__file__", None):   # a notebook: nothing a worker imports
+        raise ValueError(f"workers: the step class {here[0]!r} is defined in this notebook (__main__), which a worker "
+                         f"process cannot import; {_MOVE}")
+    try: return [pickle.dumps(j) for j in jobs]
+    except (pickle.PicklingError, AttributeError, TypeError) as e:
+        raise ValueError(f"workers: a job cannot be sent to a worker process ({e}); {_MOVE}") from None
+
 class _Pool:
     "N spawned workers taking jobs from a queue; `held[k]`: the job worker k took last (-1: none yet)."
     def __init__(self, jobs: list, workers: int):
         from unsloth_prep import parallel as _self   # the worker by its importable name, even from a notebook
         ctx = mp.get_context("spawn")
         self.tasks, self.results = ctx.Queue(), ctx.Queue()
-        for j in jobs: self.tasks.put(j)
+        for b in _pickled(jobs): self.tasks.put(b)
         n = min(workers, len(jobs))
         for _ in range(n): self.tasks.put(None)
         self.held = ctx.Array("i", [-1] * n, lock=False)
@@ -208,8 +222,8 @@ def _handle(msg, by_index: dict, done: dict, bar, on_done):
     kind, i = msg[0], msg[1]
     if kind == "progress": bar.update(msg[2], msg[3])
     elif kind == "done":
-        done[i] = msg[2]
-        if on_done: on_done(by_index[i], msg[2])
+        done[i] = pickle.loads(msg[2])
+        if on_done: on_done(by_index[i], done[i])
     else: raise _failure(by_index[i], *msg[2:])
 
 def _check_alive(pool: _Pool, by_index: dict, done: dict):
@@ -307,7 +321,7 @@ def _run_ray(jobs: list, workers: int, bar, on_done=None) -> list:
     ray = _ray_init(workers)
     from unsloth_prep import parallel as _self
     ray.data.DataContext.get_current().enable_progress_bars = bool(bar.enabled)
-    ds = ray.data.from_items([{"job": pickle.dumps(j)} for j in jobs], override_num_blocks=len(jobs))
+    ds = ray.data.from_items([{"job": b} for b in _pickled(jobs)], override_num_blocks=len(jobs))
     ds = ds.map_batches(_self._RayShards, batch_size=1, num_cpus=1,
                         compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1))
     by_index, got = {j["index"]: j for j in jobs}, {}

@@ -176,8 +176,15 @@ class Step:
 # %% ../nbs/06_steps.ipynb #74713005
 STEPS: dict[str, Step] = {}
 
+def _rerun_in_main(new: type, old: type) -> bool:
+    "Whether `new` is a notebook's own run of `old`'s class: the same name, but defined in `__main__`."
+    return new.__module__ == "__main__" != old.__module__ and new.__qualname__ == old.__qualname__
+
 def register(step: Step) -> Step:
-    "Make `step` available under its name."
+    """Make `step` available under its name. A notebook that runs a step's class again (in `__main__`) keeps the
+    registered one from its module: worker processes load a step by its module, and `__main__` is not one."""
+    old = STEPS.get(step.name)
+    if old is not None and _rerun_in_main(type(step), type(old)): return old
     STEPS[step.name] = step
     return step
 
