@@ -268,12 +268,37 @@ def write_zipf(path: str, mb: float, seed: int = 2):
 AS_IS = "import unsloth_prep.cli as c\nc.lean_allocators = lambda: False\n"  # Arrow's default memory pool
 
 
-def prepare(src, tok, out, package, workers=1, lean=True) -> dict:
+def prepare(src, tok, out, package, workers=1, lean=True, task=None, extra=()) -> dict:
     "`unsloth-prep prepare` in a fresh process: wall seconds, tree and process peaks, the summary."
     import shutil
     shutil.rmtree(out, ignore_errors=True) if Path(out).is_dir() else Path(out).unlink(missing_ok=True)
     args = ["prepare", src, "--tokenizer", tok, "--out", out] + (["--workers", workers] if workers > 1 else [])
-    return cli_run(args, package, "" if lean else AS_IS)
+    return cli_run(args + (["--task", task] if task else []) + list(extra), package, "" if lean else AS_IS)
+
+
+def make_task_data(path: Path, mb: float, task: str) -> dict:
+    "`mb` MB of generated preference pairs (dpo) or long-tailed documents (pretrain) as JSONL (cached by name)."
+    from unsloth_prep.fixtures import write_corpus, write_pairs
+    meta = Path(str(path) + ".info.json")
+    if path.exists() and meta.exists(): return json.loads(meta.read_text())
+    if task == "dpo": write = lambda n: write_pairs(path, n, seed=2)
+    else: write = lambda n: write_corpus(path, n, seed=2, huge_every=2000)
+    probe = write(2000)
+    info = {k: v for k, v in write(int(2000 * mb * 2**20 / probe["bytes"])).items() if k in ("records", "bytes")}
+    meta.write_text(json.dumps(info))
+    return info
+
+
+def task_workers(task: str, mb: float, tok: str, work: Path, package, workers: int) -> dict:
+    "One worker against `workers` on the same generated data of `task`: seconds, tree and largest-process peaks."
+    src = work / f"{task}-{mb:g}mb.jsonl"
+    info = make_task_data(src, mb, task)
+    extra = ["--block-size", 2048] if task == "pretrain" else []
+    runs = {n: prepare(src, tok, work / f"out-{task}-{mb:g}-w{n}", package, n, task=task, extra=extra)
+            for n in (1, workers)}
+    keep = lambda r: {**{k: r[k] for k in ("seconds", "tree_peak_mb", "process_peak_mb")}, "rows": r["summary"]["rows"]}
+    return {"records": info["records"], "n": workers, "one": keep(runs[1]), "many": keep(runs[workers]),
+            "load": uptime()}
 
 
 def main(argv=None):
@@ -283,6 +308,7 @@ def main(argv=None):
     ap.add_argument("--package", default=None, help="run prepare, the floor and the stages from this copy's package")
     ap.add_argument("--no-peers", action="store_true", help="skip TRL and Unsloth")
     ap.add_argument("--workers", type=int, default=1, help="also run prepare with this many workers (smallest size)")
+    ap.add_argument("--tasks", default="", help="with --workers: dpo and/or pretrain too, one worker vs N")
     ap.add_argument("--vocab", choices=("fixture", "zipf"), default="fixture")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--peers-only", action="store_true", help="only the peers, against an earlier run's output")
@@ -320,6 +346,8 @@ def main(argv=None):
                 w = prepare(src, tok, work / f"out-{mb:g}-w{a.workers}", a.package, a.workers)
                 row["workers"] = {"n": a.workers, "seconds": w["seconds"], "tree_peak_mb": w["tree_peak_mb"],
                                   "process_peak_mb": w["process_peak_mb"], "processes": w["processes"]}
+            for task in filter(None, a.tasks.split(",") if a.workers > 1 else []):
+                row.setdefault("tasks", {})[task] = task_workers(task, mb, tok, work, a.package, a.workers)
             if not a.no_peers: row["peers"] = peers(src, tok, out, work)
         res["sizes"][f"{mb:g} MB"] = row
         report_size(mb, row)
@@ -373,6 +401,12 @@ def report_size(mb, row):
         print(f"--workers {w['n']}: {w['seconds']:.1f} s ({row['prepare_s'] / w['seconds']:.2f}x one worker), tree "
               f"peak {w['tree_peak_mb']:.0f} MB, largest process {w['process_peak_mb']:.0f} MB ({w['processes']} "
               "processes)")
+    for task, t in row.get("tasks", {}).items():
+        one, many = t["one"], t["many"]
+        print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {one['seconds']:.1f} s, tree peak "
+              f"{one['tree_peak_mb']:.0f} MB; --workers {t['n']} {many['seconds']:.1f} s "
+              f"({one['seconds'] / many['seconds']:.2f}x), tree peak {many['tree_peak_mb']:.0f} MB, largest process "
+              f"{many['process_peak_mb']:.0f} MB; rows {one['rows']:,} / {many['rows']:,}")
     for name, p in row.get("peers", {}).items():
         if "error" in p:
             print(f"{name}: failed: {p['error'][-300:]}")
@@ -398,6 +432,10 @@ def report_targets(res, sizes):
     if "workers" in first:
         x = first["prepare_s"] / first["workers"]["seconds"]
         print(f"--workers {first['workers']['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'})")
+    for task, t in first.get("tasks", {}).items():
+        x, big = t["one"]["seconds"] / t["many"]["seconds"], t["many"]["process_peak_mb"]
+        print(f"--task {task} --workers {t['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'}); "
+              f"each worker <= 300 MB: {big:.0f} MB ({'met' if big <= 300 else 'MISSED'})")
     if len(rows) > 1:
         d = abs(rows[-1]["tree_peak_mb"] - rows[0]["tree_peak_mb"]) / rows[0]["tree_peak_mb"]
         print(f"{sizes[-1]:g} MB peak within 10% of the {sizes[0]:g} MB one: {d:.1%} ({'met' if d <= 0.1 else 'MISSED'})")
