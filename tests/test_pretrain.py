@@ -84,3 +84,24 @@ def test_train_pretrain_embeddings_train_at_their_own_rate(corpus):
     assert emb and all(lr == 5e-4 for lr in emb) and other and all(lr == 5e-3 for lr in other)
     assert s["restarts"] > 0                                                      # position ids restart per document
     assert (Path(s["adapter"]) / "adapter_config.json").exists()
+
+
+def test_finish_runs_without_the_tokenizer_and_matches_one_pass(corpus, tmp_path):
+    "In one process the blocks are cut after the tokenizer is released, into the rows `prepare_pretrain` writes."
+    from unsloth_prep import parallel
+    from unsloth_prep.api import prepare
+    from unsloth_prep.pretrain import prepare_pretrain
+    seen = []
+    finish = parallel._finish
+    def spy(*a, **kw):
+        seen.append(dict(parallel._STATE))
+        return finish(*a, **kw)
+    parallel._finish = spy
+    try: ds = prepare(corpus["dir"] / "c.jsonl", corpus["model"], tmp_path / "out", task="pretrain", block_size=64,
+                      stride=3, keep_last=True, on_error="skip")
+    finally: parallel._finish = finish
+    assert seen == [{}]
+    one = prepare_pretrain(corpus["dir"] / "c.jsonl", corpus["model"], tmp_path / "one.parquet", 64, stride=3,
+                           keep_last=True, on_error="skip")
+    assert ds.num_rows == one["rows"] > 0
+    assert ds.to_dict() == pq.read_table(tmp_path / "one.parquet").to_pydict()

@@ -869,9 +869,10 @@ def _message(role: str, content: str, src: dict, what: str) -> dict:
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     """Media of a record (its `images`/`videos`/`audios` columns, then the references of typed parts) checked against
     the placeholders in its messages."""
-    msgs = out["messages"]
+    msgs, typed = out["messages"], {k: out.pop(k, None) or [] for k in MEDIA}  # typed parts: a reference or None
+    if not any(typed.values()) and not any(_col(rec, k, mapping) in rec for k in MEDIA): return out   # text only
     for key, tag in MEDIA.items():
-        parts = out.pop(key, None) or []                  # from typed parts: a reference, or None (the column's next)
+        parts = typed[key]                                # None: the column's next reference
         refs = (_media_list(_get(rec, key, mapping, fmt), key, fmt) or []) + [r for r in parts if r is not None]
         if not refs and not parts: continue
         n = sum(m["content"].count(tag) for m in msgs)

@@ -12,7 +12,7 @@ import psutil
 
 # %% auto #0
 __all__ = ['MB', 'rss_mb', 'cuda_available', 'cuda_reset_peak', 'cuda_peak_mb', 'MemResult', 'track', 'measure', 'own_peak_mb',
-           'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators',
+           'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators', 'release_memory',
            'count_records_whole', 'count_records_streaming']
 
 # %% ../nbs/00_memory.ipynb #08bba790
@@ -258,6 +258,13 @@ def lean_allocators() -> bool:
     if "ARROW_DEFAULT_MEMORY_POOL" in os.environ: return False  # the user's choice
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"          # read when pyarrow loads (children inherit it)
     return "pyarrow" not in sys.modules
+
+# %% ../nbs/00_memory.ipynb #5b0aa51a
+def release_memory():
+    "Give freed heap pages back to the system (glibc's `malloc_trim`; elsewhere nothing)."
+    import ctypes
+    try: ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError): pass
 
 # %% ../nbs/00_memory.ipynb #f0f94cf3
 def count_records_whole(path) -> int:

@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_scale.ipynb #ddff343b
 from __future__ import annotations
-import json, multiprocessing as mp, os, pickle, posixpath, queue, shutil, sys, time, traceback
+import gc, json, multiprocessing as mp, os, pickle, posixpath, queue, shutil, sys, time, traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from . import __version__
@@ -104,6 +104,13 @@ def _state(step: Step, opts: Options):
         _STATE.clear()
         _STATE[k] = step.load(opts)
     return _STATE[k]
+
+def _drop_state():
+    "Forget this process's step state (a tokenizer) and give its memory back: the finishing steps do not need it."
+    from unsloth_prep.memory import release_memory
+    _STATE.clear()
+    gc.collect()
+    release_memory()
 
 def worker_info() -> dict:
     "This process's id, peak RSS in MB, and whether torch got imported (a lean worker never imports it)."
@@ -465,13 +472,17 @@ def _finish(step: Step, parts: list, build, split: str, opts: Options, summaries
         names = [Path(f).relative_to(here).as_posix() for f in files]
     return [join(build, n) for n in names], info
 
-def _run_split(step: Step, split: str, jobs: list, opts: Options, build, journal: Journal) -> tuple:
-    "Run the jobs of one split that the journal does not hold; the shard summaries and the split's manifest entries."
+def _run_split(jobs: list, opts: Options, journal: Journal) -> list:
+    "Run the jobs of one split that the journal does not hold; the shard summaries, in input order."
     todo = [j for j in jobs if j["key"] not in journal.reused]
     fresh = {j["key"]: s for j, s in zip(todo, run_jobs(todo, opts, on_done=journal.record))}
-    summaries = [journal.reused.get(j["key"]) or fresh[j["key"]] for j in jobs]
+    return [journal.reused.get(j["key"]) or fresh[j["key"]] for j in jobs]
+
+def _finish_split(step: Step, split: str, summaries: list, opts: Options, build) -> dict:
+    "The step's finish over the shards of one split; the split's manifest entry."
     files, info = _finish(step, [f for s in summaries for f in s["files"]], build, split, opts, summaries)
-    return summaries, {"rows": 0, **info, "files": _name_files(build, split, files)}
+    entry = {"rows": 0, **info, "files": _name_files(build, split, files)}
+    return {**entry, "rows": sum(f["rows"] for f in entry["files"])}
 
 # %% ../nbs/07_scale.ipynb #c95ad025
 def identity(step: Step, opts: Options, files: list, digests: Digests | None = None) -> str:
@@ -514,13 +525,12 @@ def _build(step: Step, plan, opts: Options, build: Path, manifest: dict, digests
     jobs = _jobs_of(step, planned["sides"], opts, build, digests)
     reused = _reusable(build, [j for js in jobs.values() for j in js])
     _keep_only(build, reused)
-    journal, splits, shards = Journal(build, reused), {}, []
-    try:
-        for split, js in jobs.items():
-            summaries, splits[split] = _run_split(step, split, js, opts, build, journal)
-            splits[split]["rows"] = sum(f["rows"] for f in splits[split]["files"])
-            shards += summaries
+    journal = Journal(build, reused)
+    try: done = {split: _run_split(js, opts, journal) for split, js in jobs.items()}
     finally: journal.close()
+    _drop_state()      # every split's jobs ran: the finishing steps work without the tokenizer
+    splits = {split: _finish_split(step, split, s, opts, build) for split, s in done.items()}
+    shards = [s for ss in done.values() for s in ss]
     rej = _finish_rejects(build, shards, planned.get("rejects"), opts)
     staging = {f["path"]: f.pop("from") for sp in splits.values() for f in sp["files"] if "from" in f}
     if staging: write_bytes(join(build, STAGED), json.dumps(staging).encode())

@@ -6,21 +6,21 @@
 from __future__ import annotations
 import io, json, time
 from array import array
-from collections import deque
 from itertools import chain, islice
 from pathlib import Path
 from typing import Iterable, Iterator
 import numpy as np
 from .base import ParquetSink, TOKEN_PARQUET, atomic_path
-from .collators import IGNORE_INDEX, chunk_blocks
+from .collators import IGNORE_INDEX
 from .loading import UNIT, Rejects, as_rejects, file_kind, iter_file, iter_text, open_binary
 from .loading import resolve_files
 from .tokenizer import Encoder, encoder_for
-from .tokenization import lists_array
+from .tokenization import list_array
 
 # %% auto #0
-__all__ = ['TXT_MODES', 'TEXT_ONLY', 'iter_documents', 'pretrain_blocks', 'write_blocks', 'length_percentiles', 'pretrain_report',
-           'prepare_pretrain', 'tokenize_documents', 'blocks_from_documents', 'block_efficiency', 'TextStep']
+__all__ = ['TXT_MODES', 'TEXT_ONLY', 'iter_documents', 'block_tables', 'pretrain_blocks', 'write_blocks', 'length_percentiles',
+           'pretrain_report', 'prepare_pretrain', 'tokenize_documents', 'blocks_from_documents', 'block_efficiency',
+           'TextStep']
 
 # %% ../nbs/15_pretrain.ipynb #4669aec1
 def _text_lean(path, encoder: str = "tokenizers"):
@@ -116,73 +116,113 @@ def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_er
             raise ValueError(f"{name}: not UTF-8 text ({e.reason})") from None
 
 # %% ../nbs/15_pretrain.ipynb #f141f75d
-def _encode(docs: Iterable, tok, batch_size: int = 1000, lengths: array | None = None) -> Iterator[list[int]]:
-    "Token ids of each document text (no special tokens), a batch per `encode_flat`; lengths appended to `lengths`."
+def _encode(docs: Iterable, tok, batch_size: int = 1000, lengths: array | None = None) -> Iterator[tuple]:
+    "`(ids, offsets)` of each batch of document texts (no special tokens): int32 ids, int64 offsets; lengths kept."
     engine = tok if hasattr(tok, "encode_flat") else Encoder(tok, "tokenizers")  # a bare Rust tokenizer: the reference
     it = iter(docs)
     while batch := [d[-1] if isinstance(d, tuple) else d for d in islice(it, batch_size)]:
         ids, off = engine.encode_flat(batch)
-        if lengths is not None: lengths.extend(np.diff(off).tolist())
-        ids, off = ids.tolist(), off.tolist()
-        for i in range(len(batch)): yield ids[off[i]:off[i + 1]]
+        off = np.asarray(off, np.int64)
+        if lengths is not None: lengths.frombytes(np.diff(off).tobytes())
+        yield np.asarray(ids).astype(np.int32, copy=False), off
 
 # %% ../nbs/15_pretrain.ipynb #2685b7a9
-def _track_ends(docs: Iterable, ends: deque) -> Iterator:
-    "Pass documents through, recording the stream offset where each one ends (after its EOS)."
-    total = 0
-    for d in docs:
-        total += len(d) + 1
-        ends.append(total)
-        yield d
+def _stream(ids: np.ndarray, off: np.ndarray, eos: int) -> tuple[np.ndarray, np.ndarray]:
+    "A batch's documents joined, each followed by `eos`, and the mask of the positions where a document starts."
+    n = len(off) - 1
+    stream, starts = np.full(len(ids) + n, eos, np.int32), np.zeros(len(ids) + n, bool)
+    keep = np.ones(len(stream), bool)
+    keep[off[1:] + np.arange(n)] = False
+    stream[keep] = ids
+    starts[off[:-1] + np.arange(n)] = True
+    return stream, starts
 
 # %% ../nbs/15_pretrain.ipynb #be51ec6d
-def _segments(ends: deque, start: int, n: int) -> np.ndarray:
-    "Lengths of the document pieces inside the stream range [start, start + n)."
-    while ends and ends[0] <= start: ends.popleft()
-    cuts = []
-    for e in ends:
-        if e >= start + n: break
-        cuts.append(e - start)
-    return np.diff(np.array([0, *cuts, n], dtype=np.int64))
+def _windows(a: np.ndarray, size: int, step: int, n: int) -> np.ndarray:
+    "The first `n` windows of `size` items of `a`, `step` apart, as an `(n, size)` copy."
+    return np.lib.stride_tricks.sliding_window_view(a, size)[::step][:n].copy()
+
+def _block_columns(stream, starts, size: int, step: int, ctx: np.ndarray) -> dict:
+    "`len(ctx)` blocks of `size` tokens `step` apart: flat ids, labels (block k's first `ctx[k]` are -100), positions."
+    n = len(ctx)
+    ids, reset = _windows(stream, size, step, n), _windows(starts, size, step, n)
+    reset[:, 0] = True
+    labels = np.where(np.arange(size) < ctx[:, None], IGNORE_INDEX, ids)      # int32 throughout: half the bytes
+    g = np.arange(n * size, dtype=np.int32)
+    pos = g - np.maximum.accumulate(np.where(reset.ravel(), g, 0))
+    return {"input_ids": ids.ravel(), "labels": labels.ravel(), "position_ids": pos, "cuts": np.flatnonzero(reset)}
 
 # %% ../nbs/15_pretrain.ipynb #be11bda0
-def pretrain_blocks(docs: Iterable, block_size: int, eos_token_id: int, stride: int = 0, keep_last: bool = False,
-                    stats: dict | None = None) -> Iterator[dict]:
-    "Blocks of documents' token ids joined by EOS: input_ids, labels, position_ids (restart per document), seq_lengths."
-    stats = {} if stats is None else stats
-    stats.setdefault("predicted_tokens", 0)
-    ends = deque()
-    blocks = chunk_blocks(_track_ends(docs, ends), block_size, eos_token_id, stride, not keep_last, stats=stats)
-    for k, b in enumerate(blocks):
-        n = len(b["input_ids"])
-        lens = _segments(ends, k * (block_size - stride), n)
-        pos = np.arange(n) - np.repeat(np.cumsum(lens) - lens, lens)
-        lab = np.asarray(b["labels"])
-        stats["predicted_tokens"] += int(((lab != IGNORE_INDEX) & (pos != 0)).sum())
-        yield {"input_ids": b["input_ids"], "labels": b["labels"], "position_ids": pos.tolist(),
-               "seq_lengths": lens.tolist()}
-
-# %% ../nbs/15_pretrain.ipynb #2f646fd1
 _BLOCK_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
 
-def _blocks_table(rows: list):
-    "A pyarrow table of blocks: each column a list<int32> built from flat numpy arrays."
+def _blocks_table(stream, starts, size: int, step: int, ctx: np.ndarray, stats: dict):
+    "The blocks of `_block_columns` as a table of list<int32> columns; their counts added to `stats`."
     import pyarrow as pa
-    return pa.table({c: lists_array([r[c] for r in rows]) for c in _BLOCK_COLUMNS})
+    c, n = _block_columns(stream, starts, size, step, ctx), len(ctx)
+    rows = np.arange(n + 1) * size
+    stats["blocks"] += n
+    stats["labelled_tokens"] += int(n * size - ctx.sum())
+    stats["targets"] += int(n * size - np.maximum(ctx, 1).sum())    # a causal LM never predicts position 0
+    stats["predicted_tokens"] += int(((c["labels"] != IGNORE_INDEX) & (c["position_ids"] != 0)).sum())
+    seq = list_array(np.searchsorted(c["cuts"], rows), np.diff(np.append(c["cuts"], n * size)))
+    return pa.table({**{k: list_array(rows, c[k]) for k in _BLOCK_COLUMNS[:3]}, "seq_lengths": seq})
+
+# %% ../nbs/15_pretrain.ipynb #52e2d0df
+def _check_blocks(block_size: int, stride: int):
+    "Blocks of `block_size` tokens, each repeating `stride` of the previous one, can be cut."
+    if block_size < 1 or not 0 <= stride < block_size:
+        raise ValueError(f"need block_size >= 1 and 0 <= stride < block_size, got {block_size} and {stride}")
+
+def _pieces(ids: np.ndarray, off: np.ndarray, tokens: int) -> Iterator[tuple]:
+    "A batch as runs of whole documents of about `tokens` tokens each (a longer document alone): memory per run."
+    docs = np.unique(np.r_[0, np.searchsorted(off, np.arange(tokens, off[-1], tokens)), len(off) - 1])
+    for a, b in zip(docs[:-1], docs[1:]): yield ids[off[a]:off[b]], off[a:b + 1] - off[a]
+
+def block_tables(batches: Iterable[tuple], block_size: int, eos_token_id: int, stride: int = 0,
+                 keep_last: bool = False, stats: dict | None = None, group_tokens: int = 1 << 18) -> Iterator:
+    "Tables of blocks, about `group_tokens` tokens each, cut from `(ids, offsets)` batches of documents joined by EOS."
+    _check_blocks(block_size, stride)
+    stats = {} if stats is None else stats
+    for k in ("docs", "tokens", "blocks", "labelled_tokens", "targets", "dropped_tokens", "predicted_tokens"):
+        stats.setdefault(k, 0)
+    step, ctx, held = block_size - stride, 0, [(np.zeros(0, np.int32), np.zeros(0, bool))]
+    for batch in chain((p for b in batches for p in _pieces(*b, group_tokens)), [None]):
+        if batch is not None:
+            held.append(_stream(*batch, eos_token_id))
+            stats["docs"] += len(batch[1]) - 1
+            stats["tokens"] += len(held[-1][0])
+            if sum(len(h[0]) for h in held) < group_tokens: continue
+        stream, starts = (np.concatenate(a) for a in zip(*held))
+        n = (len(stream) - block_size) // step + 1 if len(stream) >= block_size else 0
+        if n: yield _blocks_table(stream, starts, block_size, step, np.r_[ctx, np.full(n - 1, stride)], stats)
+        held, ctx = [(stream[n * step:], starts[n * step:])], stride if n else ctx
+    stream, starts = held[0]
+    if len(stream) > ctx and keep_last: yield _blocks_table(stream, starts, len(stream), 1, np.array([ctx]), stats)
+    elif len(stream) > ctx: stats["dropped_tokens"] += len(stream) - ctx
+
+# %% ../nbs/15_pretrain.ipynb #e3445e7a
+def _id_batches(docs: Iterable, n: int = 1000) -> Iterator[tuple]:
+    "`(ids, offsets)` batches of `n` documents given as token id sequences."
+    it = iter(docs)
+    while batch := list(islice(it, n)):
+        off = np.zeros(len(batch) + 1, np.int64)
+        np.cumsum([len(d) for d in batch], out=off[1:])
+        yield np.fromiter(chain.from_iterable(batch), np.int32, int(off[-1])), off
+
+def pretrain_blocks(docs: Iterable, block_size: int, eos_token_id: int, stride: int = 0, keep_last: bool = False,
+                    stats: dict | None = None) -> Iterator[dict]:
+    "Blocks of documents' token ids joined by EOS, a dict each: input_ids, labels, position_ids, seq_lengths."
+    for t in block_tables(_id_batches(docs), block_size, eos_token_id, stride, keep_last, stats):
+        yield from t.to_pylist()
 
 # %% ../nbs/15_pretrain.ipynb #7f632f02
-def write_blocks(blocks: Iterable[dict], out, group_tokens: int = 1 << 18, metadata: dict | None = None) -> int:
-    "Stream blocks into Parquet at `out` (atomically) in row groups of about `group_tokens` tokens; return rows."
-    rows, n, toks = [], 0, 0
-    with ParquetSink(out, _blocks_table([]).schema, metadata, **TOKEN_PARQUET) as sink:
-        for b in blocks:
-            rows.append(b)
-            toks += len(b["input_ids"])
-            if toks >= group_tokens:
-                sink.write(_blocks_table(rows))
-                n, rows, toks = n + len(rows), [], 0
-        if rows: sink.write(_blocks_table(rows))
-    return n + len(rows)
+def write_blocks(tables: Iterable, out, metadata: dict | None = None) -> int:
+    "Stream tables of blocks (`block_tables`) into Parquet at `out` (atomically), a row group each; the rows written."
+    import pyarrow as pa
+    schema = pa.schema([(c, pa.list_(pa.int32())) for c in _BLOCK_COLUMNS])
+    with ParquetSink(out, schema, metadata, **TOKEN_PARQUET) as sink:
+        for t in tables: sink.write(t)
+    return sink.rows
 
 # %% ../nbs/15_pretrain.ipynb #0d46f38f
 def length_percentiles(lengths, qs=(50, 90, 95, 99)) -> dict:
@@ -208,14 +248,13 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
                      stride: int = 0, txt_mode: str = "file", on_error: str = "raise", rejects=None,
                      batch_size: int = 1000, encoder: str = "auto") -> dict:
     "Text documents -> token ids + EOS -> blocks with per-document position ids -> Parquet at `out` (atomic)."
-    if block_size < 1 or not 0 <= stride < block_size:
-        raise ValueError(f"need block_size >= 1 and 0 <= stride < block_size, got {block_size} and {stride}")
+    _check_blocks(block_size, stride)
     tok, eos = _text_engine(tokenizer_dir, encoder)
     rej = as_rejects(rejects) if rejects is not None else Rejects()
     counts, stats, lengths, t0 = {"empty_docs": 0}, {}, array("q"), time.perf_counter()
     docs = iter_documents(data, text_field, txt_mode, on_error, rej, counts)
-    blocks = pretrain_blocks(_encode(docs, tok, batch_size, lengths), block_size, eos, stride, keep_last, stats)
-    try: rows = write_blocks(blocks, out)
+    tables = block_tables(_encode(docs, tok, batch_size, lengths), block_size, eos, stride, keep_last, stats)
+    try: rows = write_blocks(tables, out)
     finally: rej.close()
     return pretrain_report(stats, np.frombuffer(lengths, dtype=np.int64), block_size, stride=stride, rows=rows,
                            keep_last=keep_last, empty_docs=counts["empty_docs"], rejected=rej.count,
@@ -223,44 +262,41 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
                            seconds=round(time.perf_counter() - t0, 3))
 
 # %% ../nbs/15_pretrain.ipynb #5616bf8a
-def _ids_table(rows: list):
-    "A one-column table `input_ids: list<int32>` of token id lists, built from flat numpy buffers."
-    import pyarrow as pa
-    return pa.table({"input_ids": lists_array(rows)})
-
 def tokenize_documents(data, tokenizer, out, text_field: str = "text", txt_mode: str = "file",
                        on_error: str = "raise", rejects=None, batch_size: int = 1000, encoder: str = "auto") -> dict:
     "Token ids of every document of `data` (files, or one shard spec), one row each, into Parquet at `out`."
+    import pyarrow as pa
     if isinstance(tokenizer, Encoder): rust = tokenizer
     else: rust = encoder_for(tokenizer) if hasattr(tokenizer, "_tokenizer") else _text_engine(tokenizer, encoder)[0]
     rej = as_rejects(rejects) if rejects is not None else Rejects()
     counts, lengths = {"empty_docs": 0}, array("q")
-    ids = _encode(iter_documents(data, text_field, txt_mode, on_error, rej, counts), rust, batch_size, lengths)
-    with ParquetSink(out, _ids_table([]).schema, **TOKEN_PARQUET) as sink:
-        while rows := list(islice(ids, 512)): sink.write(_ids_table(rows))
-    return {"out": str(out), "records": len(lengths) + counts["empty_docs"] + rej.count, "documents": len(lengths),
-            "empty_docs": counts["empty_docs"], "rejected": rej.count, "tokens": int(sum(lengths)),
+    batches = _encode(iter_documents(data, text_field, txt_mode, on_error, rej, counts), rust, batch_size, lengths)
+    with ParquetSink(out, pa.schema([("input_ids", pa.list_(pa.int32()))]), **TOKEN_PARQUET) as sink:
+        for ids, off in batches: sink.write(pa.table({"input_ids": list_array(off, ids)}))
+    n = np.frombuffer(lengths, dtype=np.int64)
+    return {"out": str(out), "records": len(n) + counts["empty_docs"] + rej.count, "documents": len(n),
+            "empty_docs": counts["empty_docs"], "rejected": rej.count, "tokens": int(n.sum()),
             "encoder": rust.name, "rejects": rej.items}
 
 # %% ../nbs/15_pretrain.ipynb #fa517fcb
-def _file_ids(files, lengths: array) -> Iterator[list[int]]:
-    "Documents' token ids from the Parquet files of `tokenize_documents`, in order; their lengths appended."
+def _file_batches(files, lengths: array) -> Iterator[tuple]:
+    "`(ids, offsets)` batches of the documents in the Parquet files of `tokenize_documents`, in order; lengths kept."
     import pyarrow.parquet as pq
     for f in files:
-        with pq.ParquetFile(f) as pf:
-            for b in pf.iter_batches(batch_size=256, columns=["input_ids"]):  # a few MB of ids at a time
-                for ids in b.column(0).to_pylist():
-                    lengths.append(len(ids))
-                    yield ids
+        with pq.ParquetFile(f, pre_buffer=False) as pf:    # read a column chunk when it is decoded
+            for b in pf.iter_batches(batch_size=256, columns=["input_ids"]):
+                col = b.column(0)
+                off = col.offsets.to_numpy().astype(np.int64)
+                lengths.frombytes(np.diff(off).tobytes())
+                yield col.values.to_numpy()[off[0]:off[-1]], off - off[0]
 
 def blocks_from_documents(files, out, block_size: int, eos_token_id: int, stride: int = 0,
                           keep_last: bool = False, metadata: dict | None = None) -> dict:
     "Blocks of the documents tokenized into `files` (read in order) -> Parquet at `out`; the pretraining report."
-    if block_size < 1 or not 0 <= stride < block_size:
-        raise ValueError(f"need block_size >= 1 and 0 <= stride < block_size, got {block_size} and {stride}")
+    _check_blocks(block_size, stride)
     stats, lengths = {}, array("q")
-    blocks = pretrain_blocks(_file_ids(files, lengths), block_size, eos_token_id, stride, keep_last, stats)
-    rows = write_blocks(blocks, out, metadata=metadata)
+    tables = block_tables(_file_batches(files, lengths), block_size, eos_token_id, stride, keep_last, stats)
+    rows = write_blocks(tables, out, metadata=metadata)
     return pretrain_report(stats, np.frombuffer(lengths, dtype=np.int64), block_size, stride=stride, rows=rows,
                            keep_last=keep_last, out=str(out))
 

@@ -10,6 +10,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from fastcore.basics import patch
 from pathlib import Path
 from typing import Any
+from .memory import release_memory
 
 UNSLOTH_TEMPLATES = ("chatml", "qwen-2.5", "llama-3", "llama-3.1", "mistral", "gemma", "gemma-3", "phi-3", "phi-4")
 TEMPLATE_NAMES = ("chatml", "qwen-2.5", "qwen-3", "qwen3-instruct", "qwen3-thinking", "gpt-oss", "llama-3", "llama-3.1",
@@ -776,13 +777,8 @@ def _first_fast(folder: Path):
     if not (folder / "tokenizer.json").exists(): return None
     try: fast = _fast_tokenizer(None, folder / "tokenizer.json")
     except Exception: return None  # the reference loader names what is wrong with the file
-    _release_memory()
+    release_memory()
     return fast
-
-def _release_memory():
-    "Give freed heap pages back to the system (glibc's `malloc_trim`; elsewhere nothing)."
-    try: ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError): pass
 
 # %% ../nbs/10_tokenizer.ipynb #a31cbead
 class LazyBackend:
@@ -800,7 +796,7 @@ class LazyBackend:
     def release(self):
         "Drop the reference tokenizer from memory (it is read again when something needs it)."
         self._ref = None
-        _release_memory()
+        release_memory()
 
     def __getattr__(self, name):
         if name.startswith("_") or name in ("path", "fast"): raise AttributeError(name)
@@ -844,7 +840,7 @@ def _settle_reference(tok, agrees: bool | None = None) -> bool:
         agrees = _fast_agrees(backend) if agrees is None else agrees
         if not agrees: backend.fast = None
         if tok.engine.name == "fastokens" and backend.fast is not None: backend.release()
-    _release_memory()
+    release_memory()
     return bool(agrees)
 
 # %% ../nbs/10_tokenizer.ipynb #tb0ex001
