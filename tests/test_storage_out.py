@@ -183,6 +183,28 @@ def test_a_stale_lock_has_one_taker_and_a_lost_lock_is_noticed(s3, monkeypatch):
     assert json.loads(read_bytes(lock.path))["run"] == "other"     # the new holder's lock stays
 
 
+def test_a_takeover_between_the_heartbeat_read_and_write_keeps_the_lock(s3, monkeypatch):
+    "Another run writes the lock just after the heartbeat read it as this run's: the takeover stands and is seen."
+    monkeypatch.setattr(outputs, "HEARTBEAT_S", 0.05)
+    lock = StoreLock(f"s3://{BUCKET}/.race2.build", "race").acquire()
+    read, taken = lock.holder, []
+    def read_then_taken():
+        seen = read()
+        if seen.get("run") == lock.run and not taken:        # the heartbeat has read its own lock: the other run writes
+            other = {"run": "other", "host": "node-7/x", "pid": 7, "beat": time.time()}
+            write_bytes(lock.path, json.dumps(other).encode())
+            taken.append(time.time())
+        return seen
+    lock.holder = read_then_taken
+    deadline = time.time() + 10
+    while not lock.lost and time.time() < deadline: time.sleep(0.05)
+    lock.holder = read
+    assert taken and lock.lost and "node-7" in lock.lost
+    assert json.loads(read_bytes(lock.path))["run"] == "other"     # the heartbeat did not write over it
+    lock.release()
+    assert json.loads(read_bytes(lock.path))["run"] == "other"
+
+
 def _refused_by_every_reader(out: str, tmp_path):
     "`train`'s reader, `load_prepared` and `load_dataset` (on a copy of the prefix) refuse `out` as incomplete."
     import s3fs

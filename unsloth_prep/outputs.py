@@ -278,12 +278,19 @@ class StoreLock:
                           f"{lock.get('pid')} on {str(lock.get('host')).split('/')[0]}, heartbeat {age:.0f} s ago); "
                           f"wait for it to end or choose another --out")
 
-# %% ../nbs/03_outputs.ipynb #c0c7e81c
+# %% ../nbs/03_outputs.ipynb #7c545e0c
 def _conditions(fs) -> bool:
     "Whether a store applies S3's conditional writes (If-None-Match, If-Match)."
     protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
     return "s3" in protocols
 
+def _tag(fs, p: str) -> str | None:
+    "The ETag object `p` has now, where the store applies conditional writes (None elsewhere, or with no object)."
+    if not _conditions(fs): return None
+    try: return fs.info(p, refresh=True).get("ETag")
+    except FileNotFoundError: return None
+
+# %% ../nbs/03_outputs.ipynb #c0c7e81c
 @patch
 def acquire(self: StoreLock):
     "Take the lock (ValueError naming the output if a live run holds it) and start the heartbeat."
@@ -292,9 +299,9 @@ def acquire(self: StoreLock):
     except (FileNotFoundError, PermissionError) as e:
         raise ValueError(f"{self.out}: cannot write there ({e})") from None
     except FileExistsError:
-        tag, lock = fs.info(p).get("ETag"), self.holder()
+        tag, lock = _tag(fs, p), self.holder()
         if _stale(lock, time.time()) is None: raise self.busy(lock) from None
-        try: fs.pipe_file(p, self.content(), **({"IfMatch": tag} if tag and _conditions(fs) else {}))
+        try: fs.pipe_file(p, self.content(), **({"IfMatch": tag} if tag else {}))
         except OSError: raise self.busy(self.holder()) from None     # another run took it over first
     if self.holder().get("run") != self.run: raise self.busy(self.holder())
     self._thread = threading.Thread(target=self._beat, daemon=True, name="unsloth-prep-lock")
@@ -303,15 +310,18 @@ def acquire(self: StoreLock):
 
 @patch
 def _beat(self: StoreLock):
-    "Every HEARTBEAT_S seconds: rewrite the heartbeat, or note that the lock was lost and stop."
+    """Every HEARTBEAT_S seconds: rewrite the heartbeat, or note that the lock was lost and stop. Where the store
+    applies conditional writes, the rewrite holds only over the object just read as this run's: a run that takes the
+    lock between that read and the write keeps it, and the next beat sees it."""
+    fs, p = _fs(self.path)
     while not self._stop.wait(HEARTBEAT_S):
         try:
-            lock = self.holder()
+            tag, lock = _tag(fs, p), self.holder()
             if lock.get("run") != self.run:
                 self.lost = f"process {lock.get('pid')} on {str(lock.get('host')).split('/')[0]} took it over"
                 return
-            write_bytes(self.path, self.content())
-        except OSError: continue          # a store that did not answer: the next beat tries again
+            fs.pipe_file(p, self.content(), **({"IfMatch": tag} if tag else {}))
+        except OSError: continue          # a store that did not answer, or the object changed: the next beat reads
 
 @patch
 def check(self: StoreLock):
