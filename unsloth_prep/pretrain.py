@@ -15,7 +15,7 @@ from .collators import IGNORE_INDEX
 from .loading import UNIT, Rejects, as_rejects, file_kind, iter_file, iter_text, open_binary
 from .loading import resolve_files
 from .tokenizer import Encoder, encoder_for
-from .tokenization import list_array
+from .tokenization import flat_lists, list_array
 
 # %% auto #0
 __all__ = ['TXT_MODES', 'TEXT_ONLY', 'iter_documents', 'block_tables', 'pretrain_blocks', 'write_blocks', 'length_percentiles',
@@ -204,10 +204,7 @@ def block_tables(batches: Iterable[tuple], block_size: int, eos_token_id: int, s
 def _id_batches(docs: Iterable, n: int = 1000) -> Iterator[tuple]:
     "`(ids, offsets)` batches of `n` documents given as token id sequences."
     it = iter(docs)
-    while batch := list(islice(it, n)):
-        off = np.zeros(len(batch) + 1, np.int64)
-        np.cumsum([len(d) for d in batch], out=off[1:])
-        yield np.fromiter(chain.from_iterable(batch), np.int32, int(off[-1])), off
+    while batch := list(islice(it, n)): yield flat_lists(batch)
 
 def pretrain_blocks(docs: Iterable, block_size: int, eos_token_id: int, stride: int = 0, keep_last: bool = False,
                     stats: dict | None = None) -> Iterator[dict]:

@@ -27,10 +27,10 @@ ROLES = ("system", "user", "assistant", "tool")
 # %% auto #0
 __all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'BATCH_SEP', 'BATCH_TEMPLATE', 'TRANSFORMS', 'TOKENIZER_ID_FILES', 'as_messages',
            'ChatRenderer', 'TurnShape', 'TemplateShape', 'RowCounts', 'TokenizeCounts', 'ChatTokenizer', 'Prep',
-           'record_place', 'place_text', 'list_array', 'lists_array', 'token_columns', 'tokenize_conversation',
-           'end_of_turn_token', 'tokenize_dataset', 'VerifyReport', 'verify_labels', 'token_view',
-           'tokenize_batch_stats', 'LengthStats', 'length_stats', 'plot_lengths', 'iter_batches', 'tokenize_batches',
-           'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records', 'ChatStep']
+           'record_place', 'place_text', 'list_array', 'flat_lists', 'lists_array', 'token_columns',
+           'tokenize_conversation', 'end_of_turn_token', 'tokenize_dataset', 'VerifyReport', 'verify_labels',
+           'token_view', 'tokenize_batch_stats', 'LengthStats', 'length_stats', 'plot_lengths', 'iter_batches',
+           'tokenize_batches', 'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records', 'ChatStep']
 
 # %% ../nbs/11_tokenization.ipynb #5b54b43f
 REASONING_KEYS = ("reasoning_content", "thinking")
@@ -799,12 +799,17 @@ def list_array(offsets, values):
     import pyarrow as pa
     return pa.ListArray.from_arrays(_int32_array(offsets), _int32_array(values))
 
-def lists_array(rows) -> "pa.ListArray":
-    "A list<int32> Arrow array of int sequences (lists or numpy arrays), through one flat numpy buffer."
+def flat_lists(rows) -> tuple:
+    "Int sequences (lists or numpy arrays) as one flat int32 buffer and its int64 offsets: `(values, offsets)`."
     from itertools import chain
     offsets = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)), out=offsets[1:])
-    return list_array(offsets, np.fromiter(chain.from_iterable(rows), np.int32, int(offsets[-1])))
+    return np.fromiter(chain.from_iterable(rows), np.int32, int(offsets[-1])), offsets
+
+def lists_array(rows) -> "pa.ListArray":
+    "A list<int32> Arrow array of int sequences (lists or numpy arrays), through one flat numpy buffer."
+    values, offsets = flat_lists(rows)
+    return list_array(offsets, values)
 
 _ONES = np.ones(0, np.int32)
 
