@@ -176,7 +176,9 @@ BOMBS = {
 @pytest.mark.parametrize("kind", list(BOMBS))
 def test_template_bombs_are_bounded(tmp_path, kind):
     from unsloth_prep.tokenization import ChatTokenizer
+    t0 = time.perf_counter()
     tok = load_tokenizer(folder_with(tmp_path, "{% if messages %}" + BOMBS[kind] + "{% endif %}"))
+    assert time.perf_counter() - t0 < 10    # the renderer probe stops at the first limit (it took 30 s: 14 x 2 s)
     t0 = time.perf_counter()
     with pytest.raises(ValueError) as e: ChatTokenizer(tok)        # refused up front, before any record
     assert time.perf_counter() - t0 < 15

@@ -403,17 +403,20 @@ def _outcome(fn):
 # %% ../nbs/10_tokenizer.ipynb #87d04616
 @patch
 def _probe(self: ChatTemplate, cases: list, variables: dict) -> str | None:
-    "Render every case with both engines; None when all come out alike, else the first that does not."
-    same, first = 0, None
-    for msgs, tools in cases:
-        for gen in (False, True):
-            ctx = dict(messages=msgs, tools=tools, documents=None, add_generation_prompt=gen, **variables)
-            a = _outcome(lambda: self._render_mj(RENDER_MAX_CHARS, RENDER_SECONDS, ctx, strict=True))
-            b = _outcome(lambda: render_bounded(self.jinja, RENDER_MAX_CHARS, RENDER_SECONDS, **ctx))
-            same += a == b
-            if a != b and first is None: first = msgs[-1]["content"]
-    self.probe = {"cases": 2 * len(cases), "identical": same, "first_diff": first}
-    return None if first is None else f"minijinja renders it unlike jinja2 (first on {first[:40]!r})"
+    "Render the cases with both engines up to the first that differs or stops jinja2 at a limit; None: all alike."
+    contexts = [dict(messages=m, tools=t, documents=None, add_generation_prompt=g, **variables)
+                for m, t in cases for g in (False, True)]
+    same, why = 0, None
+    for ctx in contexts:
+        a = _outcome(lambda: self._render_mj(RENDER_MAX_CHARS, RENDER_SECONDS, ctx, strict=True))
+        b = _outcome(lambda: render_bounded(self.jinja, RENDER_MAX_CHARS, RENDER_SECONDS, **ctx))
+        last = ctx["messages"][-1]["content"][:40]
+        if b == ("error", "RenderLimit"): why = f"jinja2 stops at a limit on {last!r}"   # a bomb: no more probing
+        elif a != b: why = f"minijinja renders it unlike jinja2 (first on {last!r})"
+        if why is not None: break
+        same += 1
+    self.probe = {"cases": len(contexts), "identical": same, "first_diff": None if why is None else last}
+    return why
 
 # %% ../nbs/10_tokenizer.ipynb #4ec5d07e
 @patch
@@ -561,17 +564,23 @@ def _child_error(stderr: str) -> str:
     return err.split(": ", 1)[-1]
 
 # %% ../nbs/10_tokenizer.ipynb #a0669871
+@functools.lru_cache(maxsize=2)
+def _written_back(path: str, digest: str) -> str:
+    "The tokenizer file `path` (of content `digest`) as `tokenizers` writes it: read once for all of its templates."
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(path).to_str()
+
 def write_template_folder(path, template: str, out) -> Path:
     "Write `path`'s tokenizer with Unsloth's template `template` applied as a tokenizer folder `out` (imports Unsloth)."
     import unsloth  # noqa: F401
-    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
     tok = apply_template(AutoTokenizer.from_pretrained(str(path)), template)
     out = Path(out)
     tmp_dir = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp_dir.mkdir(parents=True, exist_ok=True)
     backend, original = tok._tokenizer.to_str(), Path(path) / "tokenizer.json"
-    if original.exists() and Tokenizer.from_file(str(original)).to_str() == backend:
+    digest = original.exists() and hashlib.sha256(original.read_bytes()).hexdigest()
+    if digest and _written_back(str(original), digest) == backend:
         shutil.copy(original, tmp_dir / "tokenizer.json")  # unchanged: the original file loads with less memory
     else: (tmp_dir / "tokenizer.json").write_text(backend, encoding="utf-8")
     (tmp_dir / "chat_template.jinja").write_text(tok.chat_template, encoding="utf-8")
