@@ -78,6 +78,8 @@ def test_cli_config_errors(prepared, bad, needle):
     assert code == 2, (code, s)
     assert str(d / "bad.yaml") in s["error"] or "nope" in s["error"], s
     assert all(n in s["error"] and n in err for n in needle), (s, err[-2000:])
+    if "data" in bad:   # found before the training stack is imported (about 950 MB once it is)
+        assert s["peak_rss_mb"] < 500, s
 
 
 def test_streaming_and_prepacked(prepared):

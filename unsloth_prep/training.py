@@ -614,6 +614,8 @@ def check_run(cfg: dict, train_dataset=None) -> dict:
     "The checks `train` makes before loading anything: prepared settings, outputs vs inputs; prints the schedule note."
     from unsloth_prep.base import check_paths
     found = match_prepared(cfg) if train_dataset is None else {}
+    for key in ("path", "eval_path") if train_dataset is None else ():
+        if cfg["data"][key]: _files(cfg["data"][key])   # no prepared file: an error now, not after loading the model
     out = Path(cfg["output_dir"])
     check_paths(_data_paths(cfg), [out / "adapter", out / "checkpoints", out / "report.json", out / "report.png"])
     models = [p for p in (cfg["model"]["name"], cfg["data"].get("tokenizer")) if p and os.path.exists(str(p))]
