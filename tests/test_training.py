@@ -117,7 +117,8 @@ def test_early_stopping_on_eval_loss(prepared):
     report = json.loads(Path(s["report"]).read_text())
     assert s["steps"] < 12 and s["steps"] == report["eval_curve"][-1][0] and len(report["eval_curve"]) <= 2
     with pytest.raises(ValueError, match="'early_stopping.patience' needs eval rows"):
-        train(load_config(_config(prepared, early_stopping={"patience": 1}, output_dir=str(d / "x2"))))
+        train(load_config(_config(prepared, data={"path": str(prepared["parquet"])}, early_stopping={"patience": 1},
+                                  output_dir=str(d / "x2"))))
 
 
 def test_cli_train_image_rows(tmp_path):
