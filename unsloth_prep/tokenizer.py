@@ -564,23 +564,17 @@ def _child_error(stderr: str) -> str:
     return err.split(": ", 1)[-1]
 
 # %% ../nbs/10_tokenizer.ipynb #a0669871
-@functools.lru_cache(maxsize=2)
-def _written_back(path: str, digest: str) -> str:
-    "The tokenizer file `path` (of content `digest`) as `tokenizers` writes it: read once for all of its templates."
-    from tokenizers import Tokenizer
-    return Tokenizer.from_file(path).to_str()
-
 def write_template_folder(path, template: str, out) -> Path:
     "Write `path`'s tokenizer with Unsloth's template `template` applied as a tokenizer folder `out` (imports Unsloth)."
     import unsloth  # noqa: F401
+    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
     tok = apply_template(AutoTokenizer.from_pretrained(str(path)), template)
     out = Path(out)
     tmp_dir = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp_dir.mkdir(parents=True, exist_ok=True)
     backend, original = tok._tokenizer.to_str(), Path(path) / "tokenizer.json"
-    digest = original.exists() and hashlib.sha256(original.read_bytes()).hexdigest()
-    if digest and _written_back(str(original), digest) == backend:
+    if original.exists() and Tokenizer.from_file(str(original)).to_str() == backend:
         shutil.copy(original, tmp_dir / "tokenizer.json")  # unchanged: the original file loads with less memory
     else: (tmp_dir / "tokenizer.json").write_text(backend, encoding="utf-8")
     (tmp_dir / "chat_template.jinja").write_text(tok.chat_template, encoding="utf-8")
