@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, functools, importlib, json, os, resource, signal, sys, threading, time
 from . import __version__
-from .memory import lean_allocators, own_peak_mb
+from .memory import lean_allocators, one_blas_thread, own_peak_mb
 
 # %% auto #0
 __all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'DATA_COMMANDS', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser', 'one_line',
@@ -174,7 +174,9 @@ def main(argv: list | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         top.error(f"unknown command {name!r}; choose from {', '.join(COMMANDS)}")
-    if name in DATA_COMMANDS: lean_allocators()   # before pyarrow loads: freed memory goes back to the system
+    if name in DATA_COMMANDS:                     # before pyarrow and numpy load
+        lean_allocators()                         # freed memory goes back to the system
+        one_blas_thread()                         # no BLAS pool spinning on the cores the data work needs
     parser, module, prefix = command_parser(name)
     args = parser.parse_args(rest)
     if threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGTERM, _on_signal)

@@ -789,6 +789,50 @@ def _join_files(files: list, dst) -> None:
                 with open(f, "rb") as src: shutil.copyfileobj(src, out)
                 os.remove(f)
 
+# %% ../nbs/08_convert.ipynb #9b7b6208
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from unsloth_prep.loading import cut_jsonl
+THREAD_MB = 8                # a piece is cut for threads only where each thread gets at least this much input
+
+def _threads(o) -> int:
+    "Threads one job may use: this process's share of the CPUs it may run on, among the workers."
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // max(1, o.workers or 1))
+
+def _for_threads(p: dict, n: int, min_mb: float = THREAD_MB) -> list:
+    "A piece of uncompressed JSONL cut at line starts into up to `n` ranges of `min_mb` or more; other pieces whole."
+    if n < 2 or p.get("kind") != "jsonl" or compression_of(p["path"]): return [p]
+    size = (file_size(p["path"]) if p["end"] is None else p["end"]) - p["start"]
+    return cut_jsonl(p, min(n, int(size // (min_mb * MB))))
+
+
+# %% ../nbs/08_convert.ipynb #91798290
+class _Stopped(Exception): "Another piece of the same job failed, or the command was stopped: this one ends early."
+
+def _convert_pieces(pieces: list, job: dict, threads: int, report=None) -> list:
+    "`convert` each piece into its own file(s), `threads` at a time; their summaries in order."
+    stop, lock, o, out = threading.Event(), threading.Lock(), job["opts"], Path(job["out"])
+    def tick(rows=0, nbytes=0):
+        if stop.is_set(): raise _Stopped()
+        if report:
+            with lock: report(rows, nbytes)
+    def one(k, p):
+        rng = (p["start"], p["end"]) if p.get("start") or p.get("end") is not None else None
+        dst = out.with_name(f"{out.stem}-{k:04d}" + ("" if o.rows_per_file else ".parquet"))
+        return convert(p["path"], dst, rejects=f"{job['rejects']}.{k}", byte_range=rng, overwrite=True,
+                       progress=tick, **_convert_kw(o))
+    with ThreadPoolExecutor(min(threads, len(pieces))) as ex:
+        futs = [ex.submit(one, k, p) for k, p in enumerate(pieces)]
+        try:
+            wait(futs, return_when=FIRST_EXCEPTION)
+            for f in futs:
+                if f.done() and f.exception() is not None: raise f.exception()
+            return [f.result() for f in futs]
+        finally:
+            stop.set()                              # the others stop at their next block; queued ones never start
+            for f in futs: f.cancel()
+
+
 # %% ../nbs/08_convert.ipynb #c6bce9f5
 class ConvertStep(Step):
     "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
@@ -801,16 +845,13 @@ class ConvertStep(Step):
         _check_codec(opts.compression, opts.compression_level)
 
     def run(self, job: dict, state=None, report=None) -> dict:
-        "Convert each piece of one shard into its own Parquet file(s); the counts summed."
-        parts, out, files, got = job["spec"]["parts"], Path(job["out"]), [], []
-        for k, p in enumerate(parts):
-            rng = (p["start"], p["end"]) if p.get("start") or p.get("end") is not None else None
-            dst = out.with_name(f"{out.stem}-{k:04d}" + ("" if job["opts"].rows_per_file else ".parquet"))
-            r = convert(p["path"], dst, rejects=f"{job['rejects']}.{k}", byte_range=rng, overwrite=True,
-                        progress=report or False, **_convert_kw(job["opts"]))
-            files += r["files"]
-            got.append(r)
-        _join_files([f"{job['rejects']}.{k}" for k in range(len(parts))], job["rejects"])
+        """Convert each piece of one shard into its own Parquet file(s), a big JSONL piece cut into ranges that this
+        process's threads convert side by side; the counts summed."""
+        n = _threads(job["opts"])
+        pieces = [q for p in job["spec"]["parts"] for q in _for_threads(p, n)]
+        got = _convert_pieces(pieces, job, n, report)
+        files = [f for r in got for f in r["files"]]
+        _join_files([f"{job['rejects']}.{k}" for k in range(len(pieces))], job["rejects"])
         s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes", "blocks",
                                                   "slow_blocks")}
         return {**s, "files": files, "coerced": _summed(r["coerced"] for r in got),

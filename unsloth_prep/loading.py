@@ -17,10 +17,10 @@ __all__ = ['COMPRESSED_SUFFIXES', 'REMOTE_BLOCK', 'DATA_SUFFIXES', 'UNIT', 'FORM
            'check_file', 'file_size', 'compression_of', 'open_binary', 'Rejects', 'as_rejects', 'parse_json_line',
            'read_line', 'iter_jsonl', 'iter_array_blocks', 'iter_json_array', 'iter_csv', 'open_parquet',
            'iter_parquet', 'iter_text', 'iter_arrow', 'foreign_encoding', 'file_kind', 'resolve_files', 'array_bounds',
-           'array_shards', 'plan_shards', 'iter_file', 'shards_note', 'file_identity', 'is_hub_name', 'hub_stream',
-           'load_stream', 'normalize_record', 'detect_format', 'parse_mapping', 'check_mapping', 'shards_format',
-           'iter_conversations', 'load_conversations', 'stream_format', 'read_dataset_info', 'split_stream',
-           'conversation_text', 'stream_hash', 'inspect_args', 'inspect_main']
+           'array_shards', 'cut_jsonl', 'plan_shards', 'iter_file', 'shards_note', 'file_identity', 'is_hub_name',
+           'hub_stream', 'load_stream', 'normalize_record', 'detect_format', 'parse_mapping', 'check_mapping',
+           'shards_format', 'iter_conversations', 'load_conversations', 'stream_format', 'read_dataset_info',
+           'split_stream', 'conversation_text', 'stream_hash', 'inspect_args', 'inspect_main']
 
 # %% ../nbs/04_loading.ipynb #6822a84d
 from .base import is_url, url_fs
@@ -617,6 +617,19 @@ def _array_records(spec: dict, on_error, rejects):
     return iter_json_array(spec["path"], on_error, rejects, start=spec["start"], end=spec["end"],
                            first=spec.get("first", 1))
 
+# %% ../nbs/04_loading.ipynb #5ce00141
+def cut_jsonl(spec: dict, k: int) -> list[dict]:
+    "An uncompressed JSONL spec's bytes `start:end` cut at line starts into up to `k` specs of about the same size."
+    start, end = spec["start"], file_size(spec["path"]) if spec["end"] is None else spec["end"]
+    cuts = [start]
+    with _open_raw(spec["path"], _PEEK) as f:                  # a URL: a small range request per cut
+        for i in range(1, k):
+            f.seek(max(start + (end - start) * i // k - 1, cuts[-1]))
+            f.readline()
+            if cuts[-1] < f.tell() < end: cuts.append(f.tell())
+    return [{**spec, "start": a, "end": b} for a, b in zip(cuts, cuts[1:] + [spec["end"]])]
+
+
 # %% ../nbs/04_loading.ipynb #26c7c754
 def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
     """Shard specs `{path, kind, start, end}`: one per file, uncompressed JSONL and JSON arrays split into byte
@@ -629,14 +642,7 @@ def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
         if s["kind"] != "jsonl" or compression_of(s["path"]):
             out += array_shards(s, per_file)                     # a JSON array's byte ranges; other files whole
             continue
-        size = file_size(s["path"])
-        cuts = [0]
-        with _open_raw(s["path"], _PEEK) as f:                  # a URL: a small range request per cut
-            for k in range(1, per_file):
-                f.seek(max(size * k // per_file - 1, cuts[-1]))
-                f.readline()
-                if f.tell() < size and f.tell() > cuts[-1]: cuts.append(f.tell())
-        out += [{**s, "start": a, "end": b} for a, b in zip(cuts, cuts[1:] + [None])]
+        out += cut_jsonl(s, per_file)
     return out
 
 def _lines_before(path, offset: int) -> int:

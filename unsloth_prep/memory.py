@@ -12,8 +12,8 @@ import psutil
 
 # %% auto #0
 __all__ = ['MB', 'rss_mb', 'cuda_available', 'cuda_reset_peak', 'cuda_peak_mb', 'MemResult', 'track', 'measure', 'own_peak_mb',
-           'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators', 'release_memory',
-           'count_records_whole', 'count_records_streaming']
+           'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators', 'one_blas_thread',
+           'release_memory', 'count_records_whole', 'count_records_streaming']
 
 # %% ../nbs/00_memory.ipynb #08bba790
 MB = 1024 * 1024
@@ -258,6 +258,13 @@ def lean_allocators() -> bool:
     if "ARROW_DEFAULT_MEMORY_POOL" in os.environ: return False  # the user's choice
     os.environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"          # read when pyarrow loads (children inherit it)
     return "pyarrow" not in sys.modules
+
+# %% ../nbs/00_memory.ipynb #0c6168c3
+def one_blas_thread() -> bool:
+    "numpy's OpenBLAS uses one thread here and in the processes this one starts; False where it cannot."
+    if "OPENBLAS_NUM_THREADS" in os.environ: return False   # the user's choice
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"                # read when numpy loads (children inherit it)
+    return "numpy" not in sys.modules
 
 # %% ../nbs/00_memory.ipynb #5b0aa51a
 def release_memory():

@@ -12,13 +12,17 @@ from .loading import Rejects, read_dataset_info, resolve_files, iter_file, shard
 from .outputs import REJECTS, check_output, data_files, join, location, read_manifest, staged
 from .steps import OPTIONS, STEPS, Options, Step, detect_step, for_step, get_step, make_options, option_name
 from .parallel import identity, plan_work, run_build, totals
-from . import convert, tokenization, preference, pretrain, vision  # noqa: F401  (they register the steps)
+from . import convert  # noqa: F401  (registers the convert step)
 from .split import split_records
 
+def load_tasks():
+    "Import the task modules, each registering its step: `prepare` and `stats` need them, `convert` starts without."
+    from unsloth_prep import tokenization, preference, pretrain, vision  # noqa: F401
+
 # %% auto #0
-__all__ = ['add_options', 'command_options', 'prepare_args', 'config_values', 'detect_task', 'parse_request', 'resolve_data',
-           'input_paths', 'check_rejects', 'work', 'split_plan', 'settings_of', 'run_prepare', 'summary_of',
-           'prepare_main', 'stats_args', 'stats_main', 'convert_args', 'convert_main']
+__all__ = ['load_tasks', 'add_options', 'command_options', 'prepare_args', 'config_values', 'detect_task', 'parse_request',
+           'resolve_data', 'input_paths', 'check_rejects', 'work', 'split_plan', 'settings_of', 'run_prepare',
+           'summary_of', 'prepare_main', 'stats_args', 'stats_main', 'convert_args', 'convert_main']
 
 # %% ../nbs/18_pipeline.ipynb #b293906a
 def add_options(p, names) -> argparse.ArgumentParser:
@@ -41,6 +45,7 @@ def command_options(command: str) -> list:
 # %% ../nbs/18_pipeline.ipynb #5bfd7918
 def prepare_args(p):
     "Arguments of `unsloth-prep prepare`: one set for every task."
+    load_tasks()
     p.add_argument("data", nargs="?", help="file, glob, folder or list of them (or a --dataset-info entry); "
                                            "or give --config")
     tasks = sorted(n for n, s in STEPS.items() if getattr(s, "command", "prepare") == "prepare")
@@ -85,6 +90,7 @@ def _detect_from(data, opts: Options) -> tuple:
 
 def parse_request(given: dict, source: str = "cli", config=None) -> tuple:
     "`(data, options, step)` of a prepare run from what the user `given` (and a `config` YAML)."
+    load_tasks()
     from_cfg = {k: v for k, v in (config_values(config) if config else {}).items() if given.get(k) is None}
     values = {**from_cfg, **{k: v for k, v in given.items() if v is not None}}
     data, task = values.pop("data", None), values.pop("task", None) or "sft"
@@ -261,6 +267,7 @@ def prepare_main(args) -> dict:
 # %% ../nbs/18_pipeline.ipynb #2848c8fd
 def stats_args(p):
     "Arguments of `unsloth-prep stats` (the data options of `prepare`, plus the suggestion's percentile)."
+    load_tasks()
     p.add_argument("data", help="JSONL / JSON array / CSV / Parquet file, glob or folder of conversations")
     add_options(p, ["tokenizer", "template", "format", "mapping", "train_on", "max_seq_length", "on_error",
                     "batch_size", "encoder", "progress"])
@@ -272,6 +279,7 @@ def stats_args(p):
 # %% ../nbs/18_pipeline.ipynb #b3d4e910
 def stats_main(args) -> dict:
     "Token length statistics and a suggested max_seq_length, in one streaming pass."
+    from unsloth_prep import tokenization
     from unsloth_prep.tokenizer import load_tokenizer
     o = make_options({k: getattr(args, k) for k in ("tokenizer", "template", "format", "mapping", "train_on",
                                                     "on_error", "batch_size", "encoder", "progress")}, "cli")

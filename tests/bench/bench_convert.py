@@ -2,7 +2,7 @@
 """Benchmark: JSONL / JSON array -> Parquet, our converter against the usual peers, same files, fresh process each.
 
     flock /tmp/heavy.lock python tests/bench/bench_convert.py            # 300 MB + 1 GB (pandas needs ~7 GB RAM)
-    python tests/bench/bench_convert.py --sizes 300 --only ours,pyarrow.json --skip malformed,array   # the speed target
+    python tests/bench/bench_convert.py --sizes 300 --only "ours,unsloth-prep convert,pyarrow.json" --skip malformed,array
     python tests/bench/bench_convert.py --small                          # 20 MB files, a minute
     python tests/bench/bench_convert.py --dirty --sizes 300              # clean vs 0.1% vs 1% bad lines, same size
     python tests/bench/bench_convert.py --readback --sizes 100           # the output read back four ways
@@ -25,7 +25,8 @@ from unsloth_prep.convert import convert
 from unsloth_prep.fixtures import write_records
 from unsloth_prep.memory import run_code
 
-ALL = ["pandas", "datasets", "pyarrow.json", "polars", "duckdb", "duckdb ignore_errors", "json.loads loop", "ours"]
+ALL = ["pandas", "datasets", "pyarrow.json", "polars", "duckdb", "duckdb ignore_errors", "json.loads loop", "ours",
+       "unsloth-prep convert"]
 ARRAY_PEERS = ["duckdb", "polars", "ours", "ours (baseline)"]
 
 
@@ -63,7 +64,8 @@ def checks(out):
     clean = [k for k in by if k.startswith("clean")]
     big = max(clean, key=lambda k: by[k]["mb"]) if clean else None
     if big:
-        ours = best(by[big], "ours"); peers = [r for r in by[big]["results"] if r["status"] == "ok" and r["method"] != "ours"]
+        ours = best(by[big], "ours")
+        peers = [r for r in by[big]["results"] if r["status"] == "ok" and r["method"] not in ("ours", "unsloth-prep convert")]
         if ours and peers:
             fastest = max(peers, key=lambda r: r["mb_per_s"])
             lines.append(f"clean {big}: ours {ours['mb_per_s']:.0f} MB/s at {ours['peak_mb']:.0f} MB; fastest peer {fastest['method']} "
@@ -72,8 +74,10 @@ def checks(out):
             if ours.get("cpu_s") and fastest.get("cpu_s"):
                 lines.append(f"  CPU seconds (all threads): ours {ours['cpu_s']:.1f}, {fastest['method']} {fastest['cpu_s']:.1f}")
             pj = best(by[big], "pyarrow.json")
-            if pj: lines.append(f"  ours / pyarrow.json: speed {ours['mb_per_s'] / pj['mb_per_s']:.2f}x (target >= 1.1x), "
-                                f"CPU {pj['cpu_s'] / ours['cpu_s']:.2f}x, peak RSS {ours['peak_mb'] / pj['peak_mb']:.2f}x")
+            for name, o in (("ours", ours), ("unsloth-prep convert", best(by[big], "unsloth-prep convert"))):
+                if pj and o: lines.append(f"  {name} / pyarrow.json: speed {o['mb_per_s'] / pj['mb_per_s']:.2f}x (target "
+                                          f">= 1.1x), CPU {pj['cpu_s'] / o['cpu_s']:.2f}x, peak RSS "
+                                          f"{o['peak_mb'] / pj['peak_mb']:.2f}x")
             for m in ("polars", "duckdb", "datasets"):
                 r = best(by[big], m)
                 if r: lines.append(f"  ours / {m}: {ours['mb_per_s'] / r['mb_per_s']:.2f}x (target >= 1.5x)")

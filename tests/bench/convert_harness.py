@@ -89,11 +89,18 @@ result = {"rows": n}""",
     "ours": """from unsloth_prep.convert import convert
 r = convert(SRC, DST, progress=False, overwrite=True, compression_level=LEVEL, use_dictionary=DICT)
 result = {"rows": r["rows"], "rejected": r["rejected"], "blank": r["blank"]}""",
+    "unsloth-prep convert": """import contextlib, io, json
+from unsloth_prep.cli import main              # the command as a user runs it: an output folder, default settings
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    main(["convert", SRC, "--out", DST, "--on-error", "skip", "--compression-level", str(LEVEL), "--no-progress"])
+r = json.loads(buf.getvalue().strip().splitlines()[-1])
+result = {"rows": r["rows"], "rejected": r["rejected"], "blank": r["blank"]}""",
 })
 
 def peer_config(m: str, level: int = 3, dictionary=True) -> str:
     "How method `m` writes Parquet in `benchmark_converters`: codec, level, dictionary."
-    own = m.startswith(("polars", "duckdb"))
+    own = m.startswith(("polars", "duckdb", "unsloth-prep"))
     return f"zstd level {level}, dictionary " + (f"chosen by {m.split()[0]} (no option)" if own else str(dictionary))
 
 def _last_error(msg: str) -> str:
@@ -112,11 +119,18 @@ def _verdict(res: dict, good: int | None, bad: int) -> str:
     return f"{rows - good:+d} rows vs the {good} good ones" + (" (bad lines as "
                                                                "rows)" if rows > good else " (dropped silently)")
 
+FOLDERS = {"unsloth-prep convert"}                      # methods whose output is a folder
+
+def _remove(dst: Path):
+    "Remove an output file, or an output folder (the command writes one)."
+    if dst.is_dir(): shutil.rmtree(dst)
+    elif dst.exists(): dst.unlink()
+
 def _run_method(m, src, workdir, array, timeout, level=3, dictionary=True):
     "One fresh-process run of method `m` on `src`: a result dict (status 'ok' or what went wrong)."
-    dst = workdir / f"{m.replace(' ', '_').replace('.', '_')}.parquet"
+    dst = workdir / (m.replace(' ', '_').replace('.', '_') + ("" if m in FOLDERS else ".parquet"))
     cache = workdir / "hf_cache"
-    if dst.exists(): dst.unlink()
+    _remove(dst)
     code = (f"SRC, DST, CACHE, ARRAY = {str(src)!r}, {str(dst)!r}, {str(cache)!r}, {array!r}\n"
             f"LEVEL, DICT = {level!r}, {dictionary!r}\n" + PEERS[m] +
             "\nimport resource as _r\n_u = _r.getrusage(_r.RUSAGE_SELF)\nresult = dict(result, cpu_s=_u.ru_utime + "
@@ -130,8 +144,9 @@ def _run_method(m, src, workdir, array, timeout, level=3, dictionary=True):
         sig = "segfault" if "exit -11" in msg or "exit 139" in msg else None
         res = dict(status=f"crashed ({sig})" if sig else f"error: {_last_error(msg)}",
                    seconds=time.perf_counter() - t0, peak_mb=None, rows=None)
-    res.update(method=m, output_mb=dst.stat().st_size / MB if res["status"] == "ok" and dst.exists() else None)
-    if dst.exists(): dst.unlink()
+    files = sorted(dst.glob("*.parquet")) if dst.is_dir() else [dst] if dst.exists() else []
+    res.update(method=m, output_mb=sum(f.stat().st_size for f in files) / MB if res["status"] == "ok" and files else None)
+    _remove(dst)
     shutil.rmtree(cache, ignore_errors=True)
     return res
 
