@@ -90,7 +90,7 @@ def make_jobs(step: Step, shards: list, opts: Options, build: Path, split: str, 
     def job(i, s):
         parts = [{**{k: v for k, v in p.items() if k != "path"}, "digest": digests[p["path"]]} for p in s["parts"]]
         name = f"{split}-{i:05d}"
-        return dict(step=step, opts=opts, index=i, split=split, spec=s, key=digest([key, parts]),
+        return dict(step=step, opts=opts, index=i, shards=len(shards), split=split, spec=s, key=digest([key, parts]),
                     out=str(join(build, f"_part-{name}.parquet")), rejects=str(join(build, f"_rejects-{name}.jsonl")))
     return [job(i, s) for i, s in enumerate(shards)]
 

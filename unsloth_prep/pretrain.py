@@ -270,10 +270,13 @@ def tokenize_documents(data, tokenizer, out, text_field: str = "text", txt_mode:
     batches = _encode(iter_documents(data, text_field, txt_mode, on_error, rej, counts), rust, batch_size, lengths)
     with ParquetSink(out, pa.schema([("input_ids", pa.list_(pa.int32()))]), **TOKEN_PARQUET) as sink:
         for ids, off in batches: sink.write(pa.table({"input_ids": list_array(off, ids)}))
-    n = np.frombuffer(lengths, dtype=np.int64)
+    return _doc_summary(out, np.frombuffer(lengths, dtype=np.int64), counts, rej, rust)
+
+def _doc_summary(out, n: np.ndarray, counts: dict, rej, engine) -> dict:
+    "What a shard's documents came to: records, documents (`n`: their lengths in tokens), empty ones, rejects."
     return {"out": str(out), "records": len(n) + counts["empty_docs"] + rej.count, "documents": len(n),
             "empty_docs": counts["empty_docs"], "rejected": rej.count, "tokens": int(n.sum()),
-            "encoder": rust.name, "rejects": rej.items}
+            "encoder": engine.name, "rejects": rej.items}
 
 # %% ../nbs/15_pretrain.ipynb #fa517fcb
 def _file_batches(files, lengths: array) -> Iterator[tuple]:
@@ -334,6 +337,18 @@ class TextStep(Step):
         docs = iter_documents(spec, opts.text_field, opts.txt_mode, opts.on_error, rejects)
         return (((path, n, "line"), {"text": t}) for path, n, t in docs)
 
+# %% ../nbs/15_pretrain.ipynb #9937a806
+def _shard_blocks(job: dict, tok, eos: int, rej) -> dict:
+    "The blocks of a split's only shard, cut as its documents are tokenized: its summary, with the report."
+    o, counts, stats, lengths = job["opts"], {"empty_docs": 0}, {}, array("q")
+    size = o.block_size or o.max_seq_length
+    docs = iter_documents(job["spec"], o.text_field, o.txt_mode, o.on_error, rej, counts)
+    rows = write_blocks(block_tables(_encode(docs, tok, o.batch_size, lengths), size, eos, o.stride, o.keep_last,
+                                     stats), job["out"])
+    n = np.frombuffer(lengths, dtype=np.int64)
+    report = pretrain_report(stats, n, size, stride=o.stride, rows=rows, keep_last=o.keep_last)
+    return {**_doc_summary(job["out"], n, counts, rej, tok), "blocks_report": report}
+
 # %% ../nbs/15_pretrain.ipynb #82a3d911
 @patch
 def check(self: TextStep, opts):
@@ -344,18 +359,25 @@ def check(self: TextStep, opts):
 
 @patch
 def run(self: TextStep, job: dict, state, report=None) -> dict:
-    "The token ids of one shard's documents, one row each, and the EOS they will be joined with."
+    """The token ids of one shard's documents, one row each, and the EOS they will be joined with; the blocks
+    themselves when the shard is its split's only one (no token file written and read back)."""
     (tok, eos), o = state, job["opts"]
     rej = Rejects(path=job["rejects"], keep=100)
-    try: s = tokenize_documents(job["spec"], tok, job["out"], o.text_field, o.txt_mode, o.on_error, rej, o.batch_size)
+    try:
+        if job.get("shards") == 1: s = _shard_blocks(job, tok, eos, rej)
+        else: s = tokenize_documents(job["spec"], tok, job["out"], o.text_field, o.txt_mode, o.on_error, rej,
+                                     o.batch_size)
     finally: rej.close()
     return {**s, "eos_token_id": eos}
 
 @patch
 def finish(self: TextStep, parts: list, build, split: str, opts, summaries=None):
     "The blocks of all the shards' documents, cut in input order, as one file; the pretraining report."
-    eos = next(s["eos_token_id"] for s in summaries)
     dst = Path(build) / f"_blocks-{split}.parquet"
+    if len(parts) == 1 and "blocks_report" in summaries[0]:           # the only shard cut its blocks already
+        Path(parts[0]).replace(dst)
+        return [dst], summaries[0].pop("blocks_report")
+    eos = next(s["eos_token_id"] for s in summaries)
     r = blocks_from_documents(parts, dst, opts.block_size or opts.max_seq_length, eos, opts.stride, opts.keep_last)
     for p in parts: p.unlink()
     return [dst], {k: v for k, v in r.items() if k != "out"}
