@@ -200,6 +200,8 @@ def main():
     ap.add_argument("--dirty", action="store_true", help="clean vs 0.1%% vs 1%% bad lines (first of --sizes)")
     ap.add_argument("--readback", action="store_true", help="the output read back four ways (first of --sizes)")
     a = ap.parse_args()
+    import compileall, unsloth_prep         # bytecode ready, as a wheel install leaves it (the peers' already is)
+    compileall.compile_dir(str(Path(unsloth_prep.__file__).parent), quiet=1)
     work = Path(a.dir); work.mkdir(parents=True, exist_ok=True)
     sizes = [20] if a.small else [int(s) for s in a.sizes.split(",")]
     methods = a.only.split(",") if a.only else ALL
