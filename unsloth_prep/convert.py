@@ -790,7 +790,7 @@ def _join_files(files: list, dst) -> None:
                 os.remove(f)
 
 # %% ../nbs/08_convert.ipynb #9b7b6208
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor, wait
 from unsloth_prep.loading import cut_jsonl
 THREAD_MB = 8                # a piece is cut for threads only where each thread gets at least this much input
 
@@ -807,31 +807,35 @@ def _for_threads(p: dict, n: int, min_mb: float = THREAD_MB) -> list:
 
 
 # %% ../nbs/08_convert.ipynb #91798290
-class _Stopped(Exception): "Another piece of the same job failed, or the command was stopped: this one ends early."
+class _Stopped(Exception): "An earlier piece of the same job failed, or the command was stopped: this one ends early."
 
 def _convert_pieces(pieces: list, job: dict, threads: int, report=None) -> list:
-    "`convert` each piece into its own file(s), `threads` at a time; their summaries in order."
-    stop, lock, o, out = threading.Event(), threading.Lock(), job["opts"], Path(job["out"])
-    def tick(rows=0, nbytes=0):
-        if stop.is_set(): raise _Stopped()
-        if report:
-            with lock: report(rows, nbytes)
+    """`convert` each piece into its own file(s), `threads` at a time; their summaries in order. A piece that fails
+    stops the later ones; the earlier ones go on, so the error raised is the first in input order."""
+    first, lock, o, out = [len(pieces)], threading.Lock(), job["opts"], Path(job["out"])
     def one(k, p):
+        def tick(rows=0, nbytes=0):
+            if k > first[0]: raise _Stopped()
+            if report:
+                with lock: report(rows, nbytes)
+        tick()                                      # a piece queued behind a failure never starts
         rng = (p["start"], p["end"]) if p.get("start") or p.get("end") is not None else None
         dst = out.with_name(f"{out.stem}-{k:04d}" + ("" if o.rows_per_file else ".parquet"))
-        return convert(p["path"], dst, rejects=f"{job['rejects']}.{k}", byte_range=rng, overwrite=True,
-                       progress=tick, **_convert_kw(o))
+        try: return convert(p["path"], dst, rejects=f"{job['rejects']}.{k}", byte_range=rng, overwrite=True,
+                            progress=tick, **_convert_kw(o))
+        except _Stopped: raise
+        except BaseException:
+            with lock: first[0] = min(first[0], k)
+            raise
     with ThreadPoolExecutor(min(threads, len(pieces))) as ex:
         futs = [ex.submit(one, k, p) for k, p in enumerate(pieces)]
-        try:
-            wait(futs, return_when=FIRST_EXCEPTION)
-            for f in futs:
-                if f.done() and f.exception() is not None: raise f.exception()
-            return [f.result() for f in futs]
-        finally:
-            stop.set()                              # the others stop at their next block; queued ones never start
-            for f in futs: f.cancel()
-
+        try: wait(futs)
+        except BaseException:
+            first[0] = -1                           # Ctrl-C: every piece stops at its next block
+            raise
+    errors = [f.exception() for f in futs if f.exception() is not None and not isinstance(f.exception(), _Stopped)]
+    if errors: raise errors[0]
+    return [f.result() for f in futs]
 
 # %% ../nbs/08_convert.ipynb #c6bce9f5
 class ConvertStep(Step):
