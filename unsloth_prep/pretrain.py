@@ -241,6 +241,14 @@ def pretrain_report(stats: dict, lengths, block_size: int, **extra) -> dict:
             "doc_tokens": length_percentiles(lengths), **extra}
 
 # %% ../nbs/15_pretrain.ipynb #dc1c2793
+def _one_pass(docs, tok, eos: int, out, block_size: int, stride: int, keep_last: bool, batch_size: int) -> tuple:
+    "Documents (`iter_documents`) tokenized and cut into blocks in one pass, into Parquet at `out`: (report, lengths)."
+    stats, lengths = {}, array("q")
+    tables = block_tables(_encode(docs, tok, batch_size, lengths), block_size, eos, stride, keep_last, stats)
+    rows = write_blocks(tables, out)
+    n = np.frombuffer(lengths, dtype=np.int64)
+    return pretrain_report(stats, n, block_size, stride=stride, rows=rows, keep_last=keep_last), n
+
 def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str = "text", keep_last: bool = False,
                      stride: int = 0, txt_mode: str = "file", on_error: str = "raise", rejects=None,
                      batch_size: int = 1000, encoder: str = "auto") -> dict:
@@ -248,15 +256,12 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
     _check_blocks(block_size, stride)
     tok, eos = _text_engine(tokenizer_dir, encoder)
     rej = as_rejects(rejects) if rejects is not None else Rejects()
-    counts, stats, lengths, t0 = {"empty_docs": 0}, {}, array("q"), time.perf_counter()
+    counts, t0 = {"empty_docs": 0}, time.perf_counter()
     docs = iter_documents(data, text_field, txt_mode, on_error, rej, counts)
-    tables = block_tables(_encode(docs, tok, batch_size, lengths), block_size, eos, stride, keep_last, stats)
-    try: rows = write_blocks(tables, out)
+    try: report, _ = _one_pass(docs, tok, eos, out, block_size, stride, keep_last, batch_size)
     finally: rej.close()
-    return pretrain_report(stats, np.frombuffer(lengths, dtype=np.int64), block_size, stride=stride, rows=rows,
-                           keep_last=keep_last, empty_docs=counts["empty_docs"], rejected=rej.count,
-                           rejected_lines=rej.lines[:20], out=str(out), encoder=tok.name,
-                           seconds=round(time.perf_counter() - t0, 3))
+    return {**report, "empty_docs": counts["empty_docs"], "rejected": rej.count, "rejected_lines": rej.lines[:20],
+            "out": str(out), "encoder": tok.name, "seconds": round(time.perf_counter() - t0, 3)}
 
 # %% ../nbs/15_pretrain.ipynb #5616bf8a
 def tokenize_documents(data, tokenizer, out, text_field: str = "text", txt_mode: str = "file",
@@ -340,13 +345,10 @@ class TextStep(Step):
 # %% ../nbs/15_pretrain.ipynb #9937a806
 def _shard_blocks(job: dict, tok, eos: int, rej) -> dict:
     "The blocks of a split's only shard, cut as its documents are tokenized: its summary, with the report."
-    o, counts, stats, lengths = job["opts"], {"empty_docs": 0}, {}, array("q")
-    size = o.block_size or o.max_seq_length
+    o, counts = job["opts"], {"empty_docs": 0}
     docs = iter_documents(job["spec"], o.text_field, o.txt_mode, o.on_error, rej, counts)
-    rows = write_blocks(block_tables(_encode(docs, tok, o.batch_size, lengths), size, eos, o.stride, o.keep_last,
-                                     stats), job["out"])
-    n = np.frombuffer(lengths, dtype=np.int64)
-    report = pretrain_report(stats, n, size, stride=o.stride, rows=rows, keep_last=o.keep_last)
+    report, n = _one_pass(docs, tok, eos, job["out"], o.block_size or o.max_seq_length, o.stride, o.keep_last,
+                          o.batch_size)
     return {**_doc_summary(job["out"], n, counts, rej, tok), "blocks_report": report}
 
 # %% ../nbs/15_pretrain.ipynb #82a3d911
