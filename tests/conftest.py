@@ -1,5 +1,12 @@
 """Fixtures shared by several test modules."""
+import signal
+
 import pytest
+
+# A suite started in the background from a script (`cmd &` without job control) gets SIGINT as ignored, and every
+# process it starts inherits that: the Ctrl-C tests could not interrupt their commands. Python's own handler here
+# gives the children the default disposition again.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN: signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

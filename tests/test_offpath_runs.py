@@ -134,7 +134,6 @@ def with_fault(fault: str, *args, timeout=120):
     "Run the CLI in a fresh process whose Parquet writes meet `fault` (ENOSPC, or Ctrl-C in the middle of the run)."
     code = textwrap.dedent(f"""
         import errno, os, signal, sys, time
-        signal.signal(signal.SIGINT, signal.default_int_handler)   # Ctrl-C on even when the suite runs in the background
         import pyarrow.parquet as pq
         real = pq.ParquetWriter.write_table
         def write_table(self, *a, **k):

@@ -168,9 +168,7 @@ def reference(big):
 def _start(big, out, *extra):
     argv = ["unsloth-prep", "prepare", str(big), "--tokenizer", str(tiny_model()),
             "--out", str(out), "--workers", "2", "--shards", "8", "--no-progress", *extra]
-    # Ctrl-C on in the child: a suite started in the background (`cmd &` in a script) passes SIGINT on as ignored
-    on = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=on)
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_shards(out, n: int, proc, limit: float = 120):

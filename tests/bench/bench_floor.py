@@ -353,9 +353,8 @@ def main(argv=None):
         out = work / f"out-{a.vocab}-{mb:g}"
         r = prepare(src, tok, out, a.package)
         row = {"records": info["records"], "prepare_s": r["seconds"], "runs_s": r["runs_s"],
-               "tree_peak_mb": r["tree_peak_mb"],
-               "process_peak_mb": r["process_peak_mb"], "rows": r["summary"]["rows"], "tokens": r["summary"]["tokens"],
-               "load": uptime()}
+               "tree_peak_mb": r["tree_peak_mb"], "process_peak_mb": r["process_peak_mb"],
+               "rows": r["summary"]["rows"], "tokens": r["summary"]["tokens"], "load": uptime()}
         if mb == sizes[0]:
             fl = child(FLOOR, a.package, SRC=str(src), TOK=tok)
             st = child(STAGES, a.package, SRC=str(src), TOK=tok, OUT=str(work / "stages.parquet"))
@@ -403,7 +402,8 @@ def report_size(mb, row):
     print(f"\n## {mb:g} MB, {row['records']:,} records ({row['load']})")
     spread = "-".join(f"{x:.1f}" for x in (row["runs_s"][0], row["runs_s"][-1]))
     print(f"prepare (CLI, fresh process, median of {len(row['runs_s'])}: {spread} s): {row['prepare_s']:.1f} s, "
-          f"tree peak {row['tree_peak_mb']:.0f} MB, largest process {row['process_peak_mb']:.0f} MB; {row['rows']:,} rows, {row['tokens']:,} tokens")
+          f"tree peak {row['tree_peak_mb']:.0f} MB, largest process {row['process_peak_mb']:.0f} MB; "
+          f"{row['rows']:,} rows, {row['tokens']:,} tokens")
     if "floor" in row:
         f = row["floor"]
         print(f"floor: read + parse {f['read_s']:.2f} s + fastokens encode {f['encode_s']:.2f} s = {f['floor_s']:.2f} s "
