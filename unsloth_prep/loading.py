@@ -157,16 +157,27 @@ def as_rejects(rejects) -> Rejects | None:
 _DIGITS = bytes.maketrans(b"123456789", b"000000000")
 _WIDE = b"0" * 19
 
+def _floats(rec, budget: int = 256) -> bool:
+    "Whether a parsed record holds a float (orjson reads an integer beyond 64 bits as one); True past `budget` values."
+    todo = [rec]
+    while todo:
+        v, budget = todo.pop(), budget - 1
+        if budget < 0 or type(v) is float: return True
+        if type(v) is dict: todo.extend(v.values())
+        elif type(v) is list: todo.extend(v)
+    return False
+
 def _exact(raw: bytes, rec):
-    "`rec` re-read with Python's `json` when `raw` holds a 19+ digit number, so integers beyond 64 bits stay exact."
-    if _WIDE not in raw.translate(_DIGITS): return rec
+    """`rec` re-read with Python's `json` when it holds a float and `raw` a 19+ digit number, so integers beyond 64 bits
+    stay exact (a record of strings is not scanned: one walk over its values, not over its bytes)."""
+    if not _floats(rec) or _WIDE not in raw.translate(_DIGITS): return rec
     try: return json.loads(raw)
     except RecursionError: raise ValueError("invalid JSON: nesting too deep to keep its integers exact") from None
 
 # %% ../nbs/04_loading.ipynb #4613a64f
 def parse_json_line(raw: bytes, require_object: bool = True):
     "One JSONL line as a record; ValueError saying why it is not one (invalid JSON or UTF-8, too deep, not an object)."
-    raw = bytes(raw).rstrip(b"\r\n")
+    raw = bytes(raw)                       # its `\n` or `\r\n` end is JSON whitespace: orjson reads past it
     try: rec = orjson.loads(raw)
     except orjson.JSONDecodeError as e: raise ValueError(f"invalid JSON: {e}") from None
     if require_object and not isinstance(rec, dict):
@@ -176,7 +187,7 @@ def parse_json_line(raw: bytes, require_object: bool = True):
 # %% ../nbs/04_loading.ipynb #e31f3925
 def read_line(raw) -> tuple:
     "`('blank', None)`, `('ok', record)` or `('reject', reason)` for one line."
-    if not bytes(raw).strip(): return "blank", None
+    if not raw or bytes(raw).isspace(): return "blank", None    # isspace: strip's bytes, without a copy of the line
     try: return "ok", parse_json_line(raw)
     except ValueError as e: return "reject", str(e)
 
@@ -790,7 +801,7 @@ def _col(rec: dict, field: str, mapping: dict) -> str:
 
 def _get(rec: dict, field: str, mapping: dict, fmt: str, required: bool = False, default=None):
     "Value of a canonical field; a missing required one raises ValueError naming the field and the columns."
-    col = _col(rec, field, mapping)
+    col = mapping.get(field, field)                # `_col`, inline: six fields of every record come this way
     val = rec.get(col)
     if val is None:
         if required:
@@ -875,6 +886,8 @@ def _message(role: str, content: str, src: dict, what: str) -> dict:
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     """Media of a record (its `images`/`videos`/`audios` columns, then the references of typed parts) checked against
     the placeholders in its messages."""
+    cols = [mapping.get(k, k) for k in MEDIA] if mapping else MEDIA
+    if out.keys().isdisjoint(MEDIA) and rec.keys().isdisjoint(cols): return out   # text only: nothing to attach
     msgs, typed = out["messages"], {k: out.pop(k, None) or [] for k in MEDIA}  # typed parts: a reference or None
     if not any(typed.values()) and not any(_col(rec, k, mapping) in rec for k in MEDIA): return out   # text only
     for key, tag in MEDIA.items():
@@ -1055,8 +1068,8 @@ def normalize_record(rec: dict, fmt: str, mapping: dict | None = None, where: st
 
     `mapping`: canonical field -> source column (e.g. `{"output": "answer"}`), plus optional `"tags"` for ShareGPT
     message keys and roles. Errors are ValueErrors naming the field and the columns present, prefixed by `where`."""
-    mapping = dict(mapping or {})
-    tags = {**SHAREGPT_TAGS, **(mapping.pop("tags", None) or {})}
+    mapping = dict(mapping) if mapping else {}
+    tags = {**SHAREGPT_TAGS, **(mapping.pop("tags", None) or {})} if mapping else SHAREGPT_TAGS
     try:
         if not isinstance(rec, dict): raise ValueError(f"record must be an object, got {type(rec).__name__}")
         media: dict = {}

@@ -46,9 +46,10 @@ def _flatten_content(content, where: str) -> str:
     return "".join(texts)
 
 # %% ../nbs/11_tokenization.ipynb #fde256c4
-def _template_message(m: dict, where: str) -> dict:
-    "A message as templates read it: content one string, reasoning under both names, no empty `tool_calls`."
+def _template_message(m: dict, where: str, j: int = 0) -> dict:
+    "Message `j` of `where` as templates read it: content one string, reasoning under both names, no empty tool_calls."
     if len(m) == 2 and type(m.get("content")) is str: return m   # role and text only (the common case): as it is
+    where = f"{where}: messages[{j}]"                             # named in errors only
     out = {**m, "content": _flatten_content(m.get("content"), where)}
     reasoning = next((m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)), None)
     for k in REASONING_KEYS:
@@ -77,7 +78,7 @@ def as_messages(record, where: str = "record") -> tuple[list[dict], Any]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             got = m.get("role") if isinstance(m, dict) else m
             raise ValueError(f"{where}: messages[{j}]: field 'role' must be one of {ROLES}, got {got!r}")
-        out.append(_template_message(m, f"{where}: messages[{j}]"))
+        out.append(_template_message(m, where, j))
     return out, tools or None
 
 # %% ../nbs/11_tokenization.ipynb #a94cee62
@@ -567,6 +568,8 @@ def _tool_names(tools) -> list[str]:
 
 def _lost_parts(text: str, msgs: list, tools) -> list[str]:
     "The parts of a record its rendered text lacks: tools, tool_calls (a function name missing), system, reasoning."
+    if not tools and all(len(m) == 2 for m in msgs):    # role and content only: a system prompt is all it can lose
+        return ["system"] if any(m["role"] == "system" and m["content"].strip() not in text for m in msgs) else []
     lost = ["tools"] if tools and any(n not in text for n in _tool_names(tools)) else []
     if any(n not in text for m in msgs for n in _call_names(m)): lost.append("tool_calls")
     system = [m["content"].strip() for m in msgs if m["role"] == "system" and m["content"].strip()]
@@ -579,6 +582,7 @@ def _lost_parts(text: str, msgs: list, tools) -> list[str]:
 def _pretruncate(self: ChatTokenizer, msgs: list) -> set:
     "Cut messages (content and reasoning) longer than the char budget to their tail, in place; the indices cut."
     cut, lim = set(), self.char_limit
+    if not lim: return cut                              # no max_seq_length: nothing to cut
     for j, m in enumerate(msgs):
         long = [k for k in ("content", *REASONING_KEYS) if lim and isinstance(m.get(k), str) and len(m[k]) > lim]
         if long:
@@ -621,22 +625,22 @@ def _refuse(self: ChatTokenizer, place: tuple, err: Exception, record):
 # %% ../nbs/11_tokenization.ipynb #d3b2f0ad
 @patch
 def _render_group(self: ChatTokenizer, rend: ChatRenderer, todo: list, counts: TokenizeCounts) -> list:
-    "`Prep`s of `(place, record, msgs, tools, cut)` items rendered by `rend` (the refused ones are None)."
-    convs = [(m, t) for _, _, m, t, _ in todo]
+    "`Prep`s of `(place, record, msgs, tools, cut, where)` items rendered by `rend` (the refused ones are None)."
+    convs = [(m, t) for _, _, m, t, _, _ in todo]
     texts = rend.render_many([(m, False, t) for m, t in convs], errors=True)
     ok = [j for j, t in enumerate(texts) if isinstance(t, str)]
     found = dict(zip(ok, rend.locate_many([convs[j] for j in ok], [texts[j] for j in ok])))
     out = []
-    for j, (place, rec, msgs, tools, cut) in enumerate(todo):
+    for j, (place, rec, msgs, tools, cut, where) in enumerate(todo):
         res = found.get(j, texts[j])
         if isinstance(res, Exception):
             self._refuse(place, res, rec)
             out.append(None)
             continue
-        counts.lost_parts.update(_lost_parts(texts[j], msgs, tools))
+        if lost := _lost_parts(texts[j], msgs, tools): counts.lost_parts.update(lost)
         counts.located[res[1]] += 1
         asst = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
-        out.append(Prep(msgs, asst, cut, texts[j], res[0], res[1], place_text(place)))
+        out.append(Prep(msgs, asst, cut, texts[j], res[0], res[1], where))
     return out
 
 # %% ../nbs/11_tokenization.ipynb #473a5fb6
@@ -646,11 +650,12 @@ def render_batch(self: ChatTokenizer, records, counts: TokenizeCounts, start: in
     todo = []
     for k, rec in enumerate(records):
         place = record_place(rec, start + k)
-        try: msgs, tools = as_messages(rec, place_text(place))
+        where = place_text(place)
+        try: msgs, tools = as_messages(rec, where)
         except ValueError as e:
             self._refuse(place, e, rec)
             continue
-        todo.append((place, rec, msgs, tools, self._pretruncate(msgs)))
+        todo.append((place, rec, msgs, tools, self._pretruncate(msgs), where))
     pick = lambda item: self.tool_renderer if item[3] and self.tool_renderer else self.renderer
     out = [None] * len(todo)
     for rend in {id(pick(x)): pick(x) for x in todo}.values():
@@ -688,29 +693,31 @@ def _byte_rows(self: ChatTokenizer, preps: list, ids, off) -> list:
     np.cumsum(self.byte_lengths[ids], out=cum[1:])
     off = np.asarray(off, np.int64)
     pos = [_byte_positions(p.text, [x for s, e, _ in p.spans for x in (s, e)]) for p in preps]
-    ok = [int(cum[off[r + 1]] - cum[off[r]]) == q[-1] for r, q in enumerate(pos)]
+    ok = (cum[off[1:]] - cum[off[:-1]] == np.array([q[-1] for q in pos], np.int64)).tolist()
     rows = np.repeat(np.arange(len(preps)), [len(q) // 2 if k else 0 for q, k in zip(pos, ok)])
     flat = np.array([x for q, k in zip(pos, ok) if k for x in q[:-1]], np.int64) + cum[off[rows].repeat(2)]
     lo, hi = off[rows], off[rows + 1]
     ta = (np.clip(np.searchsorted(cum, flat[0::2], "right") - 1, lo, hi) - lo).tolist()
     tb = (np.clip(np.searchsorted(cum, flat[1::2], "left"), lo, hi) - lo).tolist()
-    out, j = [], 0
+    out, j, bounds = [], 0, off.tolist()             # Python ints: slicing with numpy scalars costs more
     for r, p in enumerate(preps):
         if not ok[r]:
             out.append(None)
             continue
         n = len(p.spans)
-        spans = [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta[j:j + n], tb[j:j + n], p.spans)]
-        out.append((ids[off[r]:off[r + 1]], spans, False))
+        if n == 1: spans = [(ta[j], max(ta[j], tb[j]), p.spans[0][2])]     # one answer, the common row: no zip
+        else: spans = [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta[j:j + n], tb[j:j + n], p.spans)]
+        out.append((ids[bounds[r]:bounds[r + 1]], spans, False))
         j += n
     return out
 
 # %% ../nbs/11_tokenization.ipynb #984212e2
 @patch
-def encode(self: ChatTokenizer, preps: list) -> list:
-    "Per row `(ids, turns' token spans, took the offsets path)`: one encoding per text, no special tokens added."
+def encode(self: ChatTokenizer, preps: list, flat: tuple | None = None) -> list:
+    """Per row `(ids, turns' token spans, took the offsets path)`: one encoding per text, no special tokens added.
+    `flat`: the texts' `(ids, offsets)` from `engine.encode_flat` when they were encoded already (in a thread)."""
     texts = [p.text for p in preps]
-    ids, off = self.engine.encode_flat(texts)
+    ids, off = flat if flat is not None else self.engine.encode_flat(texts)
     out = self._byte_rows(preps, ids, off) if self.byte_lengths is not None else [None] * len(preps)
     ref = [r for r, x in enumerate(out) if x is None]
     encs = self._offsets_backend().encode_batch([texts[r] for r in ref], add_special_tokens=False) if ref else []
@@ -1190,17 +1197,19 @@ def iter_batches(data, batch_size: int = 256, fmt: str = "auto", on_error: str =
 
 # %% ../nbs/11_tokenization.ipynb #a978325e
 def tokenize_batches(ct: ChatTokenizer, batches, counts: TokenizeCounts) -> Iterator[dict]:
-    "Columns per batch of records, in order; each batch is encoded (Rust, in a thread) while the next one renders."
+    """Columns per batch of records, in order; each batch's texts are encoded (Rust, in a thread) while the next one
+    renders. The thread runs no Python: the token spans are found here, so it never waits for the lock Python holds."""
     from concurrent.futures import ThreadPoolExecutor
     start, pending = 0, None
+    done = lambda job: ct.columns(job[0], ct.encode(job[0], job[1].result()), counts, job[2])
     with ThreadPoolExecutor(1) as pool:
         for recs in batches:
             preps = ct.render_batch(recs, counts, start)
-            job = (preps, pool.submit(ct.encode, preps), start)
+            job = (preps, pool.submit(ct.engine.encode_flat, [p.text for p in preps]), start)
             start += len(recs)
-            if pending is not None: yield ct.columns(pending[0], pending[1].result(), counts, pending[2])
+            if pending is not None: yield done(pending)
             pending = job
-        if pending is not None: yield ct.columns(pending[0], pending[1].result(), counts, pending[2])
+        if pending is not None: yield done(pending)
 
 # %% ../nbs/11_tokenization.ipynb #1e7ab159
 PARQUET_INT_COLUMNS = ("input_ids", "attention_mask", "labels", "position_ids", "seq_lengths")

@@ -462,8 +462,10 @@ def render_template(compiled, source: str, max_chars: int, seconds: float = REND
 # %% ../nbs/10_tokenizer.ipynb #280e08cc
 def render_budget(messages, tools=None) -> int:
     "The most characters one record may render to: `RENDER_MAX_CHARS` beyond 16x its own text."
-    own = sum(len(m.get("content") or "") if isinstance(m.get("content"), str) else len(str(m.get("content")))
-              for m in messages if isinstance(m, dict))
+    own = 0
+    for m in messages:                  # one loop, no generator: every record of a run comes through here
+        c = m.get("content") if isinstance(m, dict) else ""
+        own += len(c) if isinstance(c, str) else len(str(c))
     return RENDER_MAX_CHARS + 16 * (own + (len(str(tools)) if tools else 0))
 
 def template_source(tokenizer) -> str:
