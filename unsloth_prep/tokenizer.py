@@ -639,7 +639,7 @@ def _flat_reference(backend, texts) -> tuple:
     np.cumsum(np.fromiter((len(e.ids) for e in encs), np.int64, len(encs)), out=offsets[1:])
     return np.fromiter((i for e in encs for i in e.ids), np.uint32, int(offsets[-1])), offsets
 
-FAST_THREADS = 1  # fastokens' encoding threads per process (each keeps its own cache, up to about 100 MB)
+FAST_THREADS = 1  # fastokens' encoding threads per process (each keeps its own word cache: ~115 MB at its plateau)
 
 def _fast_tokenizer(backend, json_path=None):
     "fastokens' tokenizer of `backend` (read from `json_path` when it is the same), None if fastokens is missing."
