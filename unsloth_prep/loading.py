@@ -801,7 +801,7 @@ def _col(rec: dict, field: str, mapping: dict) -> str:
 
 def _get(rec: dict, field: str, mapping: dict, fmt: str, required: bool = False, default=None):
     "Value of a canonical field; a missing required one raises ValueError naming the field and the columns."
-    col = mapping.get(field, field)                # `_col`, inline: six fields of every record come this way
+    col = _col(rec, field, mapping)
     val = rec.get(col)
     if val is None:
         if required:
@@ -886,12 +886,10 @@ def _message(role: str, content: str, src: dict, what: str) -> dict:
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     """Media of a record (its `images`/`videos`/`audios` columns, then the references of typed parts) checked against
     the placeholders in its messages."""
-    cols = [mapping.get(k, k) for k in MEDIA] if mapping else MEDIA
-    if out.keys().isdisjoint(MEDIA) and rec.keys().isdisjoint(cols): return out   # text only: nothing to attach
-    msgs, typed = out["messages"], {k: out.pop(k, None) or [] for k in MEDIA}  # typed parts: a reference or None
-    if not any(typed.values()) and not any(_col(rec, k, mapping) in rec for k in MEDIA): return out   # text only
+    msgs, typed = out["messages"], {k: out.pop(k) or [] for k in MEDIA if k in out}  # typed parts: a reference or None
+    if not any(typed.values()) and rec.keys().isdisjoint(_col(rec, k, mapping) for k in MEDIA): return out  # text only
     for key, tag in MEDIA.items():
-        parts = typed[key]                                # None: the column's next reference
+        parts = typed.get(key, [])                        # None: the column's next reference
         refs = (_media_list(_get(rec, key, mapping, fmt), key, fmt) or []) + [r for r in parts if r is not None]
         if not refs and not parts: continue
         n = sum(m["content"].count(tag) for m in msgs)

@@ -568,13 +568,13 @@ def _tool_names(tools) -> list[str]:
 
 def _lost_parts(text: str, msgs: list, tools) -> list[str]:
     "The parts of a record its rendered text lacks: tools, tool_calls (a function name missing), system, reasoning."
-    if not tools and all(len(m) == 2 for m in msgs):    # role and content only: a system prompt is all it can lose
-        return ["system"] if any(m["role"] == "system" and m["content"].strip() not in text for m in msgs) else []
+    system = [m["content"].strip() for m in msgs if m["role"] == "system" and m["content"].strip()]
+    system_lost = any(x not in text for x in system)
+    if not tools and all(len(m) == 2 for m in msgs): return ["system"] if system_lost else []  # role, content only
     lost = ["tools"] if tools and any(n not in text for n in _tool_names(tools)) else []
     if any(n not in text for m in msgs for n in _call_names(m)): lost.append("tool_calls")
-    system = [m["content"].strip() for m in msgs if m["role"] == "system" and m["content"].strip()]
     reasoning = [_reasoning(m).strip() for m in msgs if m["role"] == "assistant" and _reasoning(m).strip()]
-    if any(x not in text for x in system): lost.append("system")
+    if system_lost: lost.append("system")
     return lost + (["reasoning"] if reasoning and not any(x in text for x in reasoning) else [])
 
 # %% ../nbs/11_tokenization.ipynb #8fcec14d
@@ -705,8 +705,7 @@ def _byte_rows(self: ChatTokenizer, preps: list, ids, off) -> list:
             out.append(None)
             continue
         n = len(p.spans)
-        if n == 1: spans = [(ta[j], max(ta[j], tb[j]), p.spans[0][2])]     # one answer, the common row: no zip
-        else: spans = [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta[j:j + n], tb[j:j + n], p.spans)]
+        spans = [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta[j:j + n], tb[j:j + n], p.spans)]
         out.append((ids[bounds[r]:bounds[r + 1]], spans, False))
         j += n
     return out
