@@ -2,7 +2,7 @@
 single-process output on JSONL ranges, Parquet row groups and globs; rejects keep their original file and line; a
 failing or dying worker fails the run and leaves no manifest; the Ray Data engine on a real local cluster gives the
 same rows."""
-import json, os, re, sys
+import json, os, re, sys, time
 from pathlib import Path
 
 import pyarrow as pa
@@ -246,6 +246,21 @@ def test_ray_engine_equals_single_process(corpus, ray_cluster):
     with pytest.raises(ValueError, match=r"a\.jsonl: line \d+"):
         run_prepare_sharded(d / "in" / "a.jsonl", corpus["tok"], d / "ray_fail", workers=2, engine="ray", progress=False)
     assert not (d / "ray_fail" / MANIFEST).exists() and not build_dir(d / "ray_fail").exists()
+
+
+def test_ray_failure_stops_the_other_actors_before_it_is_raised(corpus, ray_cluster, tmp_path):
+    """A shard that fails at its first line while another actor is far from done with its own: the bad line is raised,
+    and nothing writes into the removed build afterwards (Ray Data lets a running call finish: the actor must stop)."""
+    d, out = tmp_path / "in", tmp_path / "out"
+    d.mkdir()
+    turn = lambda i: json.dumps({"messages": [{"role": "user", "content": f"question {i}"},
+                                              {"role": "assistant", "content": f"answer {i}"}]})
+    (d / "a_bad.jsonl").write_text("{not json\n" + "\n".join(turn(i) for i in range(100)) + "\n")
+    (d / "b_long.jsonl").write_text("\n".join(turn(i) for i in range(150_000)) + "\n")
+    with pytest.raises(ValueError, match=r"a_bad\.jsonl: line 1\b"):
+        run_prepare_sharded(d / "*.jsonl", corpus["tok"], out, workers=2, shards=2, engine="ray", progress=False)
+    time.sleep(4)      # longer than the other shard's remaining work took before actors stopped
+    assert not out.exists() and not build_dir(out).exists()
 
 
 def test_ray_convert_equals_one_process(corpus, ray_cluster):

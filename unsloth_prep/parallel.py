@@ -17,7 +17,7 @@ from .outputs import (LOCK, README, REJECTS, STAGED, TOOL, build_dir, check_held
 from .steps import Options, Step
 
 # %% auto #0
-__all__ = ['HOW', 'JOURNAL', 'JOURNAL_DIR', 'plan_work', 'iter_shard', 'run_key', 'Digests', 'make_jobs', 'worker_info',
+__all__ = ['HOW', 'STOP', 'JOURNAL', 'JOURNAL_DIR', 'plan_work', 'iter_shard', 'run_key', 'Digests', 'make_jobs', 'worker_info',
            'run_job', 'run_jobs', 'Journal', 'totals', 'write_manifest', 'identity', 'run_build', 'rows_digest',
            'digest_state']
 
@@ -178,9 +178,13 @@ def _worker_main(tasks, results, parent: int, held=None, slot: int = 0):
             report.flush()
             results.put(("done", job["index"], s))
         except BaseException as e:
-            kind = "OSError" if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) else type(e).__name__
-            results.put(("error", job["index"], kind, str(e), traceback.format_exc()))
+            results.put(("error", job["index"], *_error_of(e)))
             sys.exit(1)
+
+def _error_of(e: BaseException) -> tuple:
+    "What a worker sends of its failure: kind (`OSError` for a disk or a mount, a missing file apart), text, traceback."
+    kind = "OSError" if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) else type(e).__name__
+    return kind, str(e), traceback.format_exc()
 
 # %% ../nbs/07_scale.ipynb #2cd9e224
 def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
@@ -310,19 +314,41 @@ def _ray_init(workers: int):
             _reap_with_parent(_descendants(os.getpid()))  # the local cluster dies with this process, even by kill -9
     return ray
 
+STOP = "_stop"   # in the build: a shard failed, so the other actors end theirs at their next record
+
+class _Stopped(Exception): "The run this job belongs to failed in another actor."
+
+def _build_of(job: dict) -> str: return job["out"].rsplit("/", 1)[0]
+
+def _stop_check(job: dict):
+    "A progress callback that raises `_Stopped` once the job's build holds `STOP` (looked for at most once a second)."
+    flag, last = join(_build_of(job), STOP), [float("-inf")]
+    def check(rows: int = 0, nbytes: int = 0):
+        if time.perf_counter() - last[0] < 1: return
+        last[0] = time.perf_counter()
+        if exists(flag): raise _Stopped()
+    return check
+
+def _ray_job(job: dict) -> dict:
+    """One job in an actor: its summary; its failure as data (`{index, error}`, what a worker process sends), so the
+    driver stops the other actors before it removes the build; `{index, stopped}` for a job stopped so."""
+    check = _stop_check(job)
+    try:
+        check()
+        return run_job(job, check)
+    except _Stopped: return {"index": job["index"], "stopped": True}
+    except Exception as e: return {"index": job["index"], "error": _error_of(e)}
+
 class _RayShards:
     "Ray Data actor: runs the pickled jobs of each batch (the step's state is loaded once per actor)."
     def __call__(self, batch: dict) -> dict:
-        jobs = [pickle.loads(j) for j in batch["job"]]
-        return {"summary": [json.dumps(run_job(j), default=str) for j in jobs]}
-
-def _ray_error(e: Exception) -> Exception:
-    "A bad input line inside an actor becomes a `ValueError` with the worker's own message; other failures stay."
-    import re
-    found = re.findall(r"(?:ValueError|FileNotFoundError): (.+)", str(e))
-    return ValueError(found[-1].strip()) if found else e
+        return {"summary": [json.dumps(_ray_job(pickle.loads(j)), default=str) for j in batch["job"]]}
 
 # %% ../nbs/07_scale.ipynb #9d99c0d2
+def _arrivals(ds):
+    "The actors' summaries as each arrives (`iter_rows` holds a row back until the next one is ready: it prefetches)."
+    for batch in ds.iter_batches(batch_size=None, prefetch_batches=0): yield from map(json.loads, batch["summary"])
+
 def _run_ray(jobs: list, workers: int, bar, on_done=None) -> list:
     "Run the jobs with Ray Data: `map_batches` over the pickled jobs with a pool of `workers` actors."
     ray = _ray_init(workers)
@@ -331,15 +357,17 @@ def _run_ray(jobs: list, workers: int, bar, on_done=None) -> list:
     ds = ray.data.from_items([{"job": b} for b in _pickled(jobs)], override_num_blocks=len(jobs))
     ds = ds.map_batches(_self._RayShards, batch_size=1, num_cpus=1,
                         compute=ray.data.ActorPoolStrategy(size=workers, max_tasks_in_flight_per_actor=1))
-    by_index, got = {j["index"]: j for j in jobs}, {}
-    try:
-        for r in ds.iter_rows():  # each shard's summary as it arrives, so the journal records it at once
-            s = json.loads(r["summary"])
-            got[s["index"]] = s
-            bar.update(s.get("records", 0), sum(_part_bytes(p) for p in by_index[s["index"]]["spec"]["parts"]))
-            if on_done: on_done(by_index[s["index"]], s)
-    except Exception as e:
-        raise _ray_error(e) from None
+    by_index, got, failed = {j["index"]: j for j in jobs}, {}, None
+    for s in _arrivals(ds):   # each shard's summary as it arrives, so the journal records it at once
+        i = s["index"]
+        got[i] = s
+        if "error" in s and failed is None:       # the others stop; it is raised once every actor has returned
+            failed = s
+            write_bytes(join(_build_of(jobs[0]), STOP), b"")
+        if "error" in s or "stopped" in s: continue
+        bar.update(s.get("records", 0), sum(_part_bytes(p) for p in by_index[i]["spec"]["parts"]))
+        if on_done: on_done(by_index[i], s)
+    if failed: raise _failure(by_index[failed["index"]], *failed["error"])
     return [got[j["index"]] for j in jobs]
 
 def run_jobs(jobs: list, opts: Options, desc: str = "prepare", on_done=None) -> list:
