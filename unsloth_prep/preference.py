@@ -179,7 +179,16 @@ class PairTokenizer:
         self.special_ids, self.engine = ct.special_ids, ct.engine
         added = self.backend.get_added_tokens_decoder().values()
         self.specials = sorted((t.content for t in added if t.special), key=len, reverse=True)
+        self._special, self._lengths = set(self.specials), sorted({len(s) for s in self.specials}, reverse=True)
         self.max_length, self.max_prompt_length = max_length, max_prompt_length
+
+    def special_at(self, text: str, i: int) -> str:
+        "The longest special token at `text[i]` ('' if none): a set lookup per token length, not a scan of every token."
+        return next((text[i:i + n] for n in self._lengths if text[i:i + n] in self._special), "")
+
+    def special_ending(self, text: str) -> str | None:
+        "The longest special token `text` ends with (None if none), found the same way."
+        return next((text[-n:] for n in self._lengths if text[-n:] in self._special), None)
 
     def texts(self, example: dict, where: str = "example") -> tuple[str, list[str]]:
         "The rendered prompt (with the generation prompt) and each answer's text through its end-of-turn token."
@@ -195,14 +204,14 @@ class PairTokenizer:
                              "answer; use a prefix-stable template (`--template chatml`)")
         q = self.renderer.render(prompt + msgs[:-1], True) if len(msgs) > 1 else p
         _, end = _content_span(full, len(q), msgs[-1]["content"], where)
-        eot = next((s for s in self.specials if full.startswith(s, end)), "")
+        eot = self.special_at(full, end)
         return full[len(p):end + len(eot)]
 
 # %% ../nbs/14_preference.ipynb #87551681
 def fit_prompt(prompt_ids: list, answer_lengths: list, max_length: int | None = None,
                max_prompt_length: int | None = None, bos_id: int | None = None) -> tuple[list | None, str | None]:
     "Prompt ids cut from the left (BOS kept) so the longest answer fits: `(ids, None|'truncated')` or `(None, reason)`."
-    head = 1 if bos_id is not None and prompt_ids[:1] == [bos_id] else 0
+    head = 1 if bos_id is not None and len(prompt_ids) and prompt_ids[0] == bos_id else 0
     keep = len(prompt_ids)
     if max_prompt_length is not None: keep = min(keep, max_prompt_length)
     if max_length is not None:
@@ -211,7 +220,11 @@ def fit_prompt(prompt_ids: list, answer_lengths: list, max_length: int | None = 
         keep = min(keep, room)
     if keep >= len(prompt_ids): return prompt_ids, None
     keep = max(keep, head + 1)
-    return prompt_ids[:head] + prompt_ids[len(prompt_ids) - (keep - head):], "truncated"
+    return _cat(prompt_ids[:head], prompt_ids[len(prompt_ids) - (keep - head):]), "truncated"
+
+def _cat(a, b):
+    "Ids of `a` then `b`: lists joined as lists, numpy arrays as an array (`+` would add them)."
+    return np.concatenate([a, b]) if isinstance(a, np.ndarray) else a + b
 
 # %% ../nbs/14_preference.ipynb #fc1b9d73
 class SideStats:
@@ -242,15 +255,15 @@ class SideStats:
 
 # %% ../nbs/14_preference.ipynb #ba55a80c
 def _tokenize_batch(pt, examples: list, stats: SideStats | None) -> list:
-    "`(where, keys, prompt_ids, {key: answer ids}, example)` of a batch, in one tokenizer call."
+    "`(where, keys, prompt_ids, {key: answer ids}, example)` of a batch (ids as int32 arrays), in one tokenizer call."
     texts, shape = [], []
     for where, ex in examples:
         p, answers = pt.texts(ex, where)
         texts += [p, *answers]
         shape.append((where, _response_keys(ex), ex))
     flat, off = pt.engine.encode_flat(texts)
-    flat, off = flat.tolist(), off.tolist()
-    ids = [flat[off[k]:off[k + 1]] for k in range(len(texts))]
+    flat, off = flat.astype(np.int32), off.tolist()
+    ids = [flat[off[k]:off[k + 1]] for k in range(len(texts))]     # numpy views: no Python int per token
     out, i = [], 0
     for where, keys, ex in shape:
         prompt, answers = ids[i], dict(zip(keys, ids[i + 1:i + 1 + len(keys)]))
@@ -263,7 +276,11 @@ def _tokenize_batch(pt, examples: list, stats: SideStats | None) -> list:
 def tokenize_examples(pt: PairTokenizer, examples: list, counts: PairCounts | None = None,
                       stats: SideStats | None = None) -> dict:
     "Columns `prompt_ids` + `chosen_ids`/`rejected_ids` (pairs) or `completion_ids`/`label` (KTO) of `(where, ex)`s."
-    counts = counts if counts is not None else PairCounts()
+    cols = _example_columns(pt, examples, counts if counts is not None else PairCounts(), stats)
+    return {k: v if k == "label" else [x.tolist() for x in v] for k, v in cols.items()}
+
+def _example_columns(pt: PairTokenizer, examples: list, counts: PairCounts, stats: SideStats | None) -> dict:
+    "`tokenize_examples`' columns with each row's ids as an int32 array (what the Parquet writer takes whole)."
     cols: dict = {}
     for where, keys, prompt, answers, ex in _tokenize_batch(pt, examples, stats):
         counts.rows_in += 1
@@ -283,12 +300,15 @@ def tokenize_examples(pt: PairTokenizer, examples: list, counts: PairCounts | No
 # %% ../nbs/14_preference.ipynb #ef13c611
 def orpo_columns(cols: dict) -> dict:
     "ORPO's columns from `prompt_ids`/`chosen_ids`/`rejected_ids`: prompt + answer ids, masks, labels (prompt -100)."
-    out = {"prompt_input_ids": cols["prompt_ids"], "prompt_attention_mask": [[1] * len(p) for p in cols["prompt_ids"]]}
+    arrays = bool(cols["prompt_ids"]) and isinstance(cols["prompt_ids"][0], np.ndarray)   # rows as arrays, or lists
+    ones = (lambda x: np.ones(len(x), np.int32)) if arrays else (lambda x: [1] * len(x))
+    masked = (lambda p: np.full(len(p), -100, np.int32)) if arrays else (lambda p: [-100] * len(p))
+    out = {"prompt_input_ids": cols["prompt_ids"], "prompt_attention_mask": [ones(p) for p in cols["prompt_ids"]]}
     for side in ("chosen", "rejected"):
-        ids = [p + a for p, a in zip(cols["prompt_ids"], cols[f"{side}_ids"])]
+        ids = [_cat(p, a) for p, a in zip(cols["prompt_ids"], cols[f"{side}_ids"])]
         out[f"{side}_input_ids"] = ids
-        out[f"{side}_attention_mask"] = [[1] * len(x) for x in ids]
-        out[f"{side}_labels"] = [[-100] * len(p) + a for p, a in zip(cols["prompt_ids"], cols[f"{side}_ids"])]
+        out[f"{side}_attention_mask"] = [ones(x) for x in ids]
+        out[f"{side}_labels"] = [_cat(masked(p), a) for p, a in zip(cols["prompt_ids"], cols[f"{side}_ids"])]
     return out
 
 # %% ../nbs/14_preference.ipynb #51a2e45c
@@ -312,7 +332,7 @@ def _check_answer(pt, ex: dict, key: str, p_text: str, ids: list) -> str | None:
     text = pt.tokenizer.decode(ids)
     if not full.startswith(p_text + text): return "answer_text"
     content = ex[key][-1]["content"].strip()
-    eot = next((s for s in pt.specials if text.endswith(s)), None)
+    eot = pt.special_ending(text)
     if eot is None or ids[-1] not in pt.special_ids: return "no_end_of_turn"
     if not text[:len(text) - len(eot)].rstrip().endswith(content): return "answer_content"
     return None
@@ -378,7 +398,7 @@ def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int
     task, examples = read_examples(data, task, mapping, dataset_info, on_error, rejects)
     with ParquetSink(out, _pa_table(task_columns({}, task)).schema, **TOKEN_PARQUET) as sink:
         while batch := list(islice(examples, batch_size)):
-            sink.write(_pa_table(task_columns(tokenize_examples(pt, batch, counts, stats), task)))
+            sink.write(_pa_table(task_columns(_example_columns(pt, batch, counts, stats), task)))
     return {"out": str(out), "task": task, "examples": counts.rows_in + rejects.count, "rows": counts.rows_out,
             "dropped": counts.dropped, "dropped_reasons": dict(counts.reasons), "truncated": counts.truncated,
             "prompt_tokens_cut": counts.prompt_tokens_cut, "rejected": rejects.count, "encoder": pt.engine.name,

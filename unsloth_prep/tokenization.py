@@ -810,6 +810,8 @@ def flat_lists(rows) -> tuple:
     from itertools import chain
     offsets = np.zeros(len(rows) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, rows), np.int64, len(rows)), out=offsets[1:])
+    if len(rows) and isinstance(rows[0], np.ndarray):     # arrays: joined in one call, not read a number at a time
+        return np.concatenate(rows, dtype=np.int32, casting="unsafe"), offsets
     return np.fromiter(chain.from_iterable(rows), np.int32, int(offsets[-1])), offsets
 
 def lists_array(rows) -> "pa.ListArray":
