@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 from . import loading
 from .base import ParquetSink, TOKEN_PARQUET
 from .checks import Context, hit, register, run_checks
-from .tokenization import ChatTokenizer, RowCounts, lists_array
+from .tokenization import ChatTokenizer, RowCounts, _ones, lists_array
 import numpy as np
 from .tokenizer import UNSLOTH_TEMPLATES, load_tokenizer
 from .base import round_up
@@ -301,7 +301,7 @@ def _example_columns(pt: PairTokenizer, examples: list, counts: PairCounts, stat
 def orpo_columns(cols: dict) -> dict:
     "ORPO's columns from `prompt_ids`/`chosen_ids`/`rejected_ids`: prompt + answer ids, masks, labels (prompt -100)."
     arrays = bool(cols["prompt_ids"]) and isinstance(cols["prompt_ids"][0], np.ndarray)   # rows as arrays, or lists
-    ones = (lambda x: np.ones(len(x), np.int32)) if arrays else (lambda x: [1] * len(x))
+    ones = (lambda x: _ones(len(x))) if arrays else (lambda x: [1] * len(x))   # arrays: views of one shared buffer
     masked = (lambda p: np.full(len(p), -100, np.int32)) if arrays else (lambda p: [-100] * len(p))
     out = {"prompt_input_ids": cols["prompt_ids"], "prompt_attention_mask": [ones(p) for p in cols["prompt_ids"]]}
     for side in ("chosen", "rejected"):
