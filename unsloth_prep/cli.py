@@ -6,7 +6,7 @@
 from __future__ import annotations
 import argparse, functools, importlib, json, os, resource, signal, sys, threading, time
 from . import __version__
-from .memory import lean_allocators, one_blas_thread, own_peak_mb
+from .memory import lean_allocators, one_blas_thread, one_malloc_arena, own_peak_mb
 
 # %% auto #0
 __all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'DATA_COMMANDS', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser', 'one_line',
@@ -177,6 +177,7 @@ def main(argv: list | None = None) -> int:
     if name in DATA_COMMANDS:                     # before pyarrow and numpy load
         lean_allocators()                         # freed memory goes back to the system
         one_blas_thread()                         # no BLAS pool spinning on the cores the data work needs
+        one_malloc_arena()                        # the threads reuse each other's freed memory
     parser, module, prefix = command_parser(name)
     args = parser.parse_args(rest)
     if threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGTERM, _on_signal)

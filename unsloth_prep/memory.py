@@ -13,7 +13,7 @@ import psutil
 # %% auto #0
 __all__ = ['MB', 'rss_mb', 'cuda_available', 'cuda_reset_peak', 'cuda_peak_mb', 'MemResult', 'track', 'measure', 'own_peak_mb',
            'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators', 'one_blas_thread',
-           'release_memory', 'count_records_whole', 'count_records_streaming']
+           'one_malloc_arena', 'release_memory', 'count_records_whole', 'count_records_streaming']
 
 # %% ../nbs/00_memory.ipynb #08bba790
 MB = 1024 * 1024
@@ -265,6 +265,17 @@ def one_blas_thread() -> bool:
     if "OPENBLAS_NUM_THREADS" in os.environ: return False   # the user's choice
     os.environ["OPENBLAS_NUM_THREADS"] = "1"                # read when numpy loads (children inherit it)
     return "numpy" not in sys.modules
+
+# %% ../nbs/00_memory.ipynb #8028f1d2
+_M_ARENA_MAX = -8  # glibc's mallopt parameter for the number of arenas
+
+def one_malloc_arena() -> bool:
+    "One glibc malloc arena for every thread, here and in the processes this one starts; False where it cannot."
+    if "MALLOC_ARENA_MAX" in os.environ: return False   # the user's choice
+    os.environ["MALLOC_ARENA_MAX"] = "1"                # read when a process starts (children inherit it)
+    import ctypes
+    try: return ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1) == 1   # this process, for threads started later
+    except (OSError, AttributeError): return False      # not glibc (macOS, musl)
 
 # %% ../nbs/00_memory.ipynb #5b0aa51a
 def release_memory():
