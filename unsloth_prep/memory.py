@@ -266,23 +266,26 @@ def one_blas_thread() -> bool:
     os.environ["OPENBLAS_NUM_THREADS"] = "1"                # read when numpy loads (children inherit it)
     return "numpy" not in sys.modules
 
-# %% ../nbs/00_memory.ipynb #8028f1d2
+# %% ../nbs/00_memory.ipynb #3cb5e641
 _M_ARENA_MAX = -8  # glibc's mallopt parameter for the number of arenas
+
+def _glibc(name: str, *args):
+    "glibc's function `name` called with `args`; None where there is no glibc (macOS, musl)."
+    import ctypes
+    try: fn = getattr(ctypes.CDLL("libc.so.6"), name)
+    except (OSError, AttributeError): return None
+    return fn(*args)
 
 def one_malloc_arena() -> bool:
     "One glibc malloc arena for every thread, here and in the processes this one starts; False where it cannot."
     if "MALLOC_ARENA_MAX" in os.environ: return False   # the user's choice
     os.environ["MALLOC_ARENA_MAX"] = "1"                # read when a process starts (children inherit it)
-    import ctypes
-    try: return ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, 1) == 1   # this process, for threads started later
-    except (OSError, AttributeError): return False      # not glibc (macOS, musl)
+    return _glibc("mallopt", _M_ARENA_MAX, 1) == 1      # this process, for threads started later
 
-# %% ../nbs/00_memory.ipynb #5b0aa51a
+# %% ../nbs/00_memory.ipynb #58a71c1b
 def release_memory():
     "Give freed heap pages back to the system (glibc's `malloc_trim`; elsewhere nothing)."
-    import ctypes
-    try: ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError): pass
+    _glibc("malloc_trim", 0)
 
 # %% ../nbs/00_memory.ipynb #f0f94cf3
 def count_records_whole(path) -> int:
