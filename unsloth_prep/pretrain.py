@@ -19,8 +19,8 @@ from .tokenization import flat_lists, list_array
 
 # %% auto #0
 __all__ = ['TXT_MODES', 'TEXT_ONLY', 'iter_documents', 'block_tables', 'pretrain_blocks', 'write_blocks', 'length_percentiles',
-           'pretrain_report', 'prepare_pretrain', 'tokenize_documents', 'blocks_from_documents', 'block_efficiency',
-           'TextStep']
+           'pretrain_report', 'prepare_pretrain', 'tokenize_documents', 'blocks_from_documents', 'blocks_in_ranges',
+           'block_efficiency', 'TextStep']
 
 # %% ../nbs/15_pretrain.ipynb #4669aec1
 def _text_lean(path, encoder: str = "tokenizers"):
@@ -167,7 +167,7 @@ def _blocks_table(stream, starts, size: int, step: int, ctx: np.ndarray, stats: 
     seq = list_array(np.searchsorted(c["cuts"], rows), np.diff(np.append(c["cuts"], n * size)))
     return pa.table({**{k: list_array(rows, c[k]) for k in _BLOCK_COLUMNS[:3]}, "seq_lengths": seq})
 
-# %% ../nbs/15_pretrain.ipynb #52e2d0df
+# %% ../nbs/15_pretrain.ipynb #91311e3f
 def _check_blocks(block_size: int, stride: int):
     "Blocks of `block_size` tokens, each repeating `stride` of the previous one, can be cut."
     if block_size < 1 or not 0 <= stride < block_size:
@@ -179,22 +179,29 @@ def _pieces(ids: np.ndarray, off: np.ndarray, tokens: int) -> Iterator[tuple]:
     for a, b in zip(docs[:-1], docs[1:]): yield ids[off[a]:off[b]], off[a:b + 1] - off[a]
 
 def block_tables(batches: Iterable[tuple], block_size: int, eos_token_id: int, stride: int = 0,
-                 keep_last: bool = False, stats: dict | None = None, group_tokens: int = 1 << 18) -> Iterator:
-    "Tables of blocks, about `group_tokens` tokens each, cut from `(ids, offsets)` batches of documents joined by EOS."
+                 keep_last: bool = False, stats: dict | None = None, group_tokens: int = 1 << 18,
+                 skip: int = 0, first: int = 0, count: int | None = None) -> Iterator:
+    """Tables of blocks, about `group_tokens` tokens each, cut from `(ids, offsets)` batches of documents joined by EOS.
+    One range of them (`_block_ranges`): the stream's first `skip` positions dropped, then `count` blocks from block
+    `first` (the first block of the stream has no context to repeat)."""
     _check_blocks(block_size, stride)
     stats = {} if stats is None else stats
     for k in ("docs", "tokens", "blocks", "labelled_tokens", "targets", "dropped_tokens", "predicted_tokens"):
         stats.setdefault(k, 0)
-    step, ctx, held = block_size - stride, 0, [(np.zeros(0, np.int32), np.zeros(0, bool))]
+    step, ctx, held = block_size - stride, stride if first else 0, [(np.zeros(0, np.int32), np.zeros(0, bool))]
     for batch in chain((p for b in batches for p in _pieces(*b, group_tokens)), [None]):
         if batch is not None:
             held.append(_stream(*batch, eos_token_id))
             stats["docs"] += len(batch[1]) - 1
             stats["tokens"] += len(held[-1][0])
-            if sum(len(h[0]) for h in held) < group_tokens: continue
-        stream, starts = (np.concatenate(a) for a in zip(*held))
+            if sum(len(h[0]) for h in held) < group_tokens + skip: continue
+        stream, starts = (np.concatenate(a)[skip:] for a in zip(*held))
+        skip = 0
         n = (len(stream) - block_size) // step + 1 if len(stream) >= block_size else 0
+        n = n if count is None else min(n, count)
+        count = None if count is None else count - n
         if n: yield _blocks_table(stream, starts, block_size, step, np.r_[ctx, np.full(n - 1, stride)], stats)
+        if count == 0: return                                   # the range's last block: the next range goes on
         held, ctx = [(stream[n * step:], starts[n * step:])], stride if n else ctx
     stream, starts = held[0]
     if len(stream) > ctx and keep_last: yield _blocks_table(stream, starts, len(stream), 1, np.array([ctx]), stats)
@@ -283,27 +290,68 @@ def _doc_summary(out, n: np.ndarray, counts: dict, rej, engine) -> dict:
             "empty_docs": counts["empty_docs"], "rejected": rej.count, "tokens": int(n.sum()),
             "encoder": engine.name, "rejects": rej.items}
 
-# %% ../nbs/15_pretrain.ipynb #fa517fcb
-def _file_batches(files, lengths: array) -> Iterator[tuple]:
-    "`(ids, offsets)` batches of the documents in the Parquet files of `tokenize_documents`, in order; lengths kept."
+# %% ../nbs/15_pretrain.ipynb #83092559
+def _file_batches(files, lengths: array, own: int | None = None) -> Iterator[tuple]:
+    """`(ids, offsets)` batches of the documents in the Parquet files of `tokenize_documents`, in order; the lengths
+    of the first `own` files' documents kept (None: every file's)."""
     import pyarrow.parquet as pq
-    for f in files:
+    for i, f in enumerate(files):
         with pq.ParquetFile(f, pre_buffer=False) as pf:    # read a column chunk when it is decoded
             for b in pf.iter_batches(batch_size=256, columns=["input_ids"]):
                 col = b.column(0)
                 off = col.offsets.to_numpy().astype(np.int64)
-                lengths.frombytes(np.diff(off).tobytes())
+                if own is None or i < own: lengths.frombytes(np.diff(off).tobytes())
                 yield col.values.to_numpy()[off[0]:off[-1]], off - off[0]
+
+def _range_blocks(files, out, rng: tuple, block_size: int, eos: int, stride: int, keep_last: bool,
+                  metadata: dict | None = None) -> tuple:
+    "One range (`_block_ranges`) of the blocks of `files` into Parquet at `out`: its counts, its documents' lengths."
+    shard, skip, first, count, own = rng
+    stats, lengths = {}, array("q")
+    batches = _file_batches(files[shard:], lengths, own)
+    tables = block_tables(batches, block_size, eos, stride, keep_last, stats, skip=skip, first=first, count=count)
+    stats["rows"] = write_blocks(tables, out, metadata=metadata)
+    return stats, np.frombuffer(lengths, dtype=np.int64)
 
 def blocks_from_documents(files, out, block_size: int, eos_token_id: int, stride: int = 0,
                           keep_last: bool = False, metadata: dict | None = None) -> dict:
     "Blocks of the documents tokenized into `files` (read in order) -> Parquet at `out`; the pretraining report."
     _check_blocks(block_size, stride)
-    stats, lengths = {}, array("q")
-    tables = block_tables(_file_batches(files, lengths), block_size, eos_token_id, stride, keep_last, stats)
-    rows = write_blocks(tables, out, metadata=metadata)
-    return pretrain_report(stats, np.frombuffer(lengths, dtype=np.int64), block_size, stride=stride, rows=rows,
-                           keep_last=keep_last, out=str(out))
+    stats, n = _range_blocks(list(files), out, (0, 0, 0, None, None), block_size, eos_token_id, stride, keep_last,
+                             metadata)
+    return pretrain_report(stats, n, block_size, stride=stride, rows=stats["rows"], keep_last=keep_last, out=str(out))
+
+# %% ../nbs/15_pretrain.ipynb #a7326d64
+def _block_ranges(lengths, block_size: int, stride: int = 0, at=None) -> list[tuple]:
+    """The blocks of shards joined in order (`lengths`: each shard's stream) as ranges to cut apart, one for each shard
+    of `at` (default: all) where a block starts: `(shard, skip, first, count, own)`, read from `shard` on with the
+    first `skip` positions dropped, `count` blocks from block `first`, and the documents of `own` shards its own (the
+    last range: None, None, to the end)."""
+    step, o = block_size - stride, np.r_[0, np.cumsum(lengths, dtype=np.int64)]
+    total = (int(o[-1]) - block_size) // step + 1 if o[-1] >= block_size else 0
+    firsts = -(-o[:-1][slice(None) if at is None else np.asarray(at, int)] // step)
+    firsts = np.unique(np.r_[0, firsts[firsts < total]])
+    shards = np.minimum(np.searchsorted(o, firsts * step, "right") - 1, len(lengths) - 1)
+    counts, owns = np.r_[np.diff(firsts), -1], np.r_[np.diff(shards), -1]
+    return [(int(j), int(a * step - o[j]), int(a), None if c < 0 else int(c), None if w < 0 else int(w))
+            for j, a, c, w in zip(shards, firsts, counts, owns)]
+
+def blocks_in_ranges(files, lengths, prefix, block_size: int, eos_token_id: int, stride: int = 0,
+                     keep_last: bool = False, threads: int = 2) -> tuple:
+    """The blocks of the documents tokenized into `files` (`lengths`: each file's stream, tokens + an EOS a document),
+    cut in up to `threads` ranges side by side into `{prefix}-NNNNN.parquet`: (those files in order, the report)."""
+    from concurrent.futures import ThreadPoolExecutor
+    _check_blocks(block_size, stride)
+    files, threads = list(files), max(1, threads)
+    ranges = _block_ranges(lengths, block_size, stride, at=np.arange(threads) * len(files) // threads)
+    outs = [Path(f"{prefix}-{i:05d}.parquet") for i in range(len(ranges))]
+    cut = lambda r, out: _range_blocks(files, out, r, block_size, eos_token_id, stride, keep_last)
+    with ThreadPoolExecutor(len(ranges), thread_name_prefix="unsloth-prep-blocks") as pool:
+        done = list(pool.map(cut, ranges, outs))
+    stats = {k: sum(st[k] for st, _ in done) for k in done[0][0]}
+    n = np.concatenate([n for _, n in done])
+    stats.update(docs=len(n), tokens=int(n.sum()) + len(n))
+    return outs, pretrain_report(stats, n, block_size, stride=stride, rows=stats["rows"], keep_last=keep_last)
 
 # %% ../nbs/15_pretrain.ipynb #33e77333
 def block_efficiency(lengths, block_size: int, group: int | None = None) -> float:
@@ -351,7 +399,7 @@ def _shard_blocks(job: dict, tok, eos: int, rej) -> dict:
                           o.batch_size)
     return {**_doc_summary(job["out"], n, counts, rej, tok), "blocks_report": report}
 
-# %% ../nbs/15_pretrain.ipynb #82a3d911
+# %% ../nbs/15_pretrain.ipynb #a990767d
 @patch
 def check(self: TextStep, opts):
     "Block size and stride that can be cut."
@@ -374,14 +422,18 @@ def run(self: TextStep, job: dict, state, report=None) -> dict:
 
 @patch
 def finish(self: TextStep, parts: list, build, split: str, opts, summaries=None):
-    "The blocks of all the shards' documents, cut in input order, as one file; the pretraining report."
-    dst = Path(build) / f"_blocks-{split}.parquet"
+    """The blocks of all the shards' documents in input order, in ranges cut side by side (a thread a worker: the
+    workers are done); the pretraining report."""
     if len(parts) == 1 and "blocks_report" in summaries[0]:           # the only shard cut its blocks already
+        dst = Path(build) / f"_blocks-{split}.parquet"
         Path(parts[0]).replace(dst)
         return [dst], summaries[0].pop("blocks_report")
     eos = next(s["eos_token_id"] for s in summaries)
-    r = blocks_from_documents(parts, dst, opts.block_size or opts.max_seq_length, eos, opts.stride, opts.keep_last)
+    streams = [s["tokens"] + s["documents"] for s in summaries]
+    size = opts.block_size or opts.max_seq_length
+    files, r = blocks_in_ranges(parts, streams, Path(build) / f"_blocks-{split}", size, eos, opts.stride,
+                                opts.keep_last, opts.workers)
     for p in parts: p.unlink()
-    return [dst], {k: v for k, v in r.items() if k != "out"}
+    return files, r
 
 register(TextStep())
