@@ -321,7 +321,7 @@ def blocks_from_documents(files, out, block_size: int, eos_token_id: int, stride
                              metadata)
     return pretrain_report(stats, n, block_size, stride=stride, rows=stats["rows"], keep_last=keep_last, out=str(out))
 
-# %% ../nbs/15_pretrain.ipynb #a7326d64
+# %% ../nbs/15_pretrain.ipynb #7dc2dea1
 def _block_ranges(lengths, block_size: int, stride: int = 0, at=None) -> list[tuple]:
     """The blocks of shards joined in order (`lengths`: each shard's stream) as ranges to cut apart, one for each shard
     of `at` (default: all) where a block starts: `(shard, skip, first, count, own)`, read from `shard` on with the
@@ -341,6 +341,7 @@ def blocks_in_ranges(files, lengths, prefix, block_size: int, eos_token_id: int,
     """The blocks of the documents tokenized into `files` (`lengths`: each file's stream, tokens + an EOS a document),
     cut in up to `threads` ranges side by side into `{prefix}-NNNNN.parquet`: (those files in order, the report)."""
     from concurrent.futures import ThreadPoolExecutor
+    from unsloth_prep.parallel import totals
     _check_blocks(block_size, stride)
     files, threads = list(files), max(1, threads)
     ranges = _block_ranges(lengths, block_size, stride, at=np.arange(threads) * len(files) // threads)
@@ -348,7 +349,7 @@ def blocks_in_ranges(files, lengths, prefix, block_size: int, eos_token_id: int,
     cut = lambda r, out: _range_blocks(files, out, r, block_size, eos_token_id, stride, keep_last)
     with ThreadPoolExecutor(len(ranges), thread_name_prefix="unsloth-prep-blocks") as pool:
         done = list(pool.map(cut, ranges, outs))
-    stats = {k: sum(st[k] for st, _ in done) for k in done[0][0]}
+    stats = totals([st for st, _ in done])
     n = np.concatenate([n for _, n in done])
     stats.update(docs=len(n), tokens=int(n.sum()) + len(n))
     return outs, pretrain_report(stats, n, block_size, stride=stride, rows=stats["rows"], keep_last=keep_last)
