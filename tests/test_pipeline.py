@@ -304,3 +304,30 @@ def test_rerun_cleans_what_a_run_killed_while_publishing_left(tmp_path):
     (tmp_path / "x").rename(old)          # what the killed run left: its earlier output moved aside, half removed
     s = last_json(run(*argv))
     assert s["rows"] > 0 and sorted(p.name for p in tmp_path.iterdir()) == ["in", "x"]
+
+
+def _session(sid: int) -> list:
+    "Every process, zombies included, in session `sid`."
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit(): continue
+        try: stat = (p / "stat").read_text()
+        except OSError: continue
+        if int(stat.rsplit(")", 1)[1].split()[3]) == sid: out.append(stat.split(" ", 2)[:2])
+    return out
+
+
+@pytest.mark.parametrize("bad", [False, True])
+def test_a_run_with_workers_leaves_no_process_once_it_exits(big, tmp_path, bad):
+    """Nothing of a `--workers 2` run (workers, multiprocessing's resource tracker) is alive once the command has
+    exited, and a bad line with many shards still to take ends the run with exit 2 at once instead of hanging."""
+    src = tmp_path / "bad.jsonl" if bad else big
+    if bad: src.write_bytes(b'{"messages": [\n' + big.read_bytes())
+    argv = ["unsloth-prep", "prepare", str(src), "--tokenizer", str(tiny_model()), "--out", str(tmp_path / "o"),
+            "--workers", "2", "--shards", "120", "--no-progress"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try: _, err = proc.communicate(timeout=120)
+    finally: proc.kill()
+    assert _session(proc.pid) == [], "a process of the run outlived the command"
+    assert proc.returncode == (2 if bad else 0), err[-2000:]
+    assert ("line 1" in err and "Traceback" not in err) if bad else not (tmp_path / "o" / REJECTS).exists()
