@@ -36,7 +36,8 @@ def uptime() -> str:
 
 def tree_run(argv, env=None, timeout=7200) -> dict:
     "Run `argv`; sample the RSS of its whole process tree; wall seconds, tree peak, largest process peak, output."
-    t0 = time.perf_counter()
+    import resource
+    cpu0, t0 = _children_cpu(resource), time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          cwd=tempfile.gettempdir())    # not a checkout: `python -c` puts the working folder first
     root, tree_peak, proc_peak, procs = psutil.Process(p.pid), 0.0, {}, set()
@@ -63,7 +64,13 @@ def tree_run(argv, env=None, timeout=7200) -> dict:
     stdout, stderr = "".join(out), "".join(err)
     if p.returncode: raise SystemExit(f"{argv[:3]} failed ({p.returncode}): {stderr[-3000:]}")
     return {"seconds": time.perf_counter() - t0, "tree_peak_mb": tree_peak, "process_peak_mb": max(proc_peak.values()),
-            "processes": len(procs), "stdout": stdout, "stderr": stderr}
+            "processes": len(procs), "cpu_s": _children_cpu(resource) - cpu0, "stdout": stdout, "stderr": stderr}
+
+
+def _children_cpu(resource) -> float:
+    "CPU seconds (user + system) of every process this one has waited for, theirs included: one run's tree, by delta."
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def package_env(package: str | None) -> dict:
@@ -305,7 +312,8 @@ def task_workers(task: str, mb: float, tok: str, work: Path, package, workers: i
     extra = ["--block-size", 2048] if task == "pretrain" else []
     runs = {n: prepare(src, tok, work / f"out-{task}-{mb:g}-w{n}", package, n, task=task, extra=extra)
             for n in (1, workers)}
-    keep = lambda r: {**{k: r[k] for k in ("seconds", "tree_peak_mb", "process_peak_mb")}, "rows": r["summary"]["rows"]}
+    keep = lambda r: {**{k: r[k] for k in ("seconds", "tree_peak_mb", "process_peak_mb", "cpu_s")},
+                      "rows": r["summary"]["rows"]}
     return {"records": info["records"], "n": workers, "one": keep(runs[1]), "many": keep(runs[workers]),
             "load": uptime()}
 
@@ -353,7 +361,7 @@ def main(argv=None):
         out = work / f"out-{a.vocab}-{mb:g}"
         r = prepare(src, tok, out, a.package)
         row = {"records": info["records"], "prepare_s": r["seconds"], "runs_s": r["runs_s"],
-               "tree_peak_mb": r["tree_peak_mb"], "process_peak_mb": r["process_peak_mb"],
+               "tree_peak_mb": r["tree_peak_mb"], "process_peak_mb": r["process_peak_mb"], "cpu_s": r["cpu_s"],
                "rows": r["summary"]["rows"], "tokens": r["summary"]["tokens"], "load": uptime()}
         if mb == sizes[0]:
             fl = child(FLOOR, a.package, SRC=str(src), TOK=tok)
@@ -366,7 +374,8 @@ def main(argv=None):
             if a.workers > 1:
                 w = prepare(src, tok, work / f"out-{mb:g}-w{a.workers}", a.package, a.workers)
                 row["workers"] = {"n": a.workers, "seconds": w["seconds"], "tree_peak_mb": w["tree_peak_mb"],
-                                  "process_peak_mb": w["process_peak_mb"], "processes": w["processes"]}
+                                  "process_peak_mb": w["process_peak_mb"], "processes": w["processes"],
+                                  "cpu_s": w["cpu_s"]}
             for task in filter(None, a.tasks.split(",") if a.workers > 1 else []):
                 row.setdefault("tasks", {})[task] = task_workers(task, mb, tok, work, a.package, a.workers)
             if not a.no_peers: row["peers"] = peers(src, tok, out, work)
@@ -398,12 +407,24 @@ def peers(src, tok, ours, work) -> dict:
     return out
 
 
+def busy(cpu_s: float, seconds: float) -> str:
+    "The CPU a run used and how many cores it kept busy on average (threads and processes together)."
+    return f"CPU {cpu_s:.1f} s = {cpu_s / seconds:.2f} cores busy"
+
+
+def bound(cpu_s: float, seconds: float, n: int) -> str:
+    """The most `n` workers can gain over a run that kept `cpu_s / seconds` cores busy, on this machine's cores (the
+    same work spread perfectly, start-up counted once)."""
+    cores = min(n, os.cpu_count() or 1)
+    return f"{n} workers on {cores} cores can be at most {cores / (cpu_s / seconds):.2f}x faster than it"
+
+
 def report_size(mb, row):
     print(f"\n## {mb:g} MB, {row['records']:,} records ({row['load']})")
     spread = "-".join(f"{x:.1f}" for x in (row["runs_s"][0], row["runs_s"][-1]))
     print(f"prepare (CLI, fresh process, median of {len(row['runs_s'])}: {spread} s): {row['prepare_s']:.1f} s, "
           f"tree peak {row['tree_peak_mb']:.0f} MB, largest process {row['process_peak_mb']:.0f} MB; "
-          f"{row['rows']:,} rows, {row['tokens']:,} tokens")
+          f"{row['rows']:,} rows, {row['tokens']:,} tokens; {busy(row['cpu_s'], row['prepare_s'])}")
     if "floor" in row:
         f = row["floor"]
         print(f"floor: read + parse {f['read_s']:.2f} s + fastokens encode {f['encode_s']:.2f} s = {f['floor_s']:.2f} s "
@@ -423,13 +444,14 @@ def report_size(mb, row):
         w = row["workers"]
         print(f"--workers {w['n']}: {w['seconds']:.1f} s ({row['prepare_s'] / w['seconds']:.2f}x one worker), tree "
               f"peak {w['tree_peak_mb']:.0f} MB, largest process {w['process_peak_mb']:.0f} MB ({w['processes']} "
-              "processes)")
+              f"processes); {busy(w['cpu_s'], w['seconds'])}; {bound(row['cpu_s'], row['prepare_s'], w['n'])}")
     for task, t in row.get("tasks", {}).items():
         one, many = t["one"], t["many"]
         print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {one['seconds']:.1f} s, tree peak "
               f"{one['tree_peak_mb']:.0f} MB; --workers {t['n']} {many['seconds']:.1f} s "
               f"({one['seconds'] / many['seconds']:.2f}x), tree peak {many['tree_peak_mb']:.0f} MB, largest process "
-              f"{many['process_peak_mb']:.0f} MB; rows {one['rows']:,} / {many['rows']:,}")
+              f"{many['process_peak_mb']:.0f} MB; rows {one['rows']:,} / {many['rows']:,}; one worker "
+              f"{busy(one['cpu_s'], one['seconds'])}, {bound(one['cpu_s'], one['seconds'], t['n'])}")
     for name, p in row.get("peers", {}).items():
         if "error" in p:
             print(f"{name}: failed: {p['error'][-300:]}")
@@ -454,10 +476,12 @@ def report_targets(res, sizes):
               f"({'met' if k['tree_peak_mb'] <= 400 else 'MISSED'})")
     if "workers" in first:
         x = first["prepare_s"] / first["workers"]["seconds"]
-        print(f"--workers {first['workers']['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'})")
+        print(f"--workers {first['workers']['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'}; "
+              f"{bound(first['cpu_s'], first['prepare_s'], first['workers']['n'])})")
     for task, t in first.get("tasks", {}).items():
         x, big = t["one"]["seconds"] / t["many"]["seconds"], t["many"]["process_peak_mb"]
-        print(f"--task {task} --workers {t['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'}); "
+        print(f"--task {task} --workers {t['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'}; "
+              f"{bound(t['one']['cpu_s'], t['one']['seconds'], t['n'])}); "
               f"each worker <= 300 MB: {big:.0f} MB ({'met' if big <= 300 else 'MISSED'})")
     if len(rows) > 1:
         d = abs(rows[-1]["tree_peak_mb"] - rows[0]["tree_peak_mb"]) / rows[0]["tree_peak_mb"]
