@@ -209,7 +209,7 @@ def _end_tracker(held: list):
     if any(r() is not None for r in held) or not hasattr(_tracker(), "_stop"): return
     _tracker()._stop()
 
-# %% ../nbs/07_scale.ipynb #ced5dd80
+# %% ../nbs/07_scale.ipynb #83d43045
 def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
     "The exception a failed shard becomes in the parent."
     where = job["spec"]["parts"][0]["path"]
@@ -220,8 +220,8 @@ def _failure(job: dict, kind: str, msg: str, tb: str = "") -> Exception:
 _MOVE = "define it in a module, or run with one worker"
 
 def _pickled(jobs: list) -> list:
-    """The jobs as bytes for worker processes, pickled here: a queue pickles in a thread of its own, which drops what
-    fails (the workers would never see the job); here it is an error naming what a worker could not load."""
+    """The jobs as bytes for worker processes, pickled here: what a worker could not load (a class of a notebook's
+    `__main__`, an object that does not pickle) is an error naming it, before any worker starts."""
     here = sorted({type(j["step"]).__name__ for j in jobs if type(j["step"]).__module__ == "__main__"})
     if here and not getattr(sys.modules.get("__main__"), "__file__", None):   # a notebook: nothing a worker imports
         raise ValueError(f"workers: the step class {here[0]!r} is defined in this notebook (__main__), which a worker "
