@@ -15,6 +15,7 @@ seconds and its largest peaks reported. It prints:
 - the floor: reading + parsing the file (orjson, line by line) + fastokens' `encode_batch_flat` alone over the
   rendered texts (rendered beforehand, not timed; fastokens with its default threads);
 - the stage split of one process running the loop unrolled: start-up, read, render, encode, masks, write;
+- with --tasks: each task's one worker against N workers at the first size, and its memory at the other sizes;
 - TRL's preparation (`SFTTrainer._prepare_dataset`, prompt-completion with completion-only loss) and Unsloth's notebook
   flow (`apply_chat_template` map, SFTTrainer's tokenisation, `train_on_responses_only`) on the smallest file: time,
   tree peak, and how many rows equal ours (ids and labels).
@@ -318,6 +319,16 @@ def task_workers(task: str, mb: float, tok: str, work: Path, package, workers: i
             "load": uptime()}
 
 
+def task_peak(task: str, mb: float, tok: str, work: Path, package) -> dict:
+    "One worker's run of `task` on its generated data of `mb` MB: seconds, tree peak, rows (memory at a larger size)."
+    src = work / f"{task}-{mb:g}mb.jsonl"
+    info = make_task_data(src, mb, task)
+    extra = ["--block-size", 2048] if task == "pretrain" else []
+    r = prepare(src, tok, work / f"out-{task}-{mb:g}-w1", package, 1, task=task, extra=extra)
+    return {"records": info["records"], "seconds": r["seconds"], "tree_peak_mb": r["tree_peak_mb"],
+            "rows": r["summary"]["rows"], "load": uptime()}
+
+
 def compiled(package=None):
     """Compile the package's modules once, as pip does when it installs a wheel: an editable checkout run with
     PYTHONDONTWRITEBYTECODE=1 would compile every module again in every process (0.1-0.2 s each), which users don't."""
@@ -334,7 +345,8 @@ def main(argv=None):
     ap.add_argument("--package", default=None, help="run prepare, the floor and the stages from this copy's package")
     ap.add_argument("--no-peers", action="store_true", help="skip TRL and Unsloth")
     ap.add_argument("--workers", type=int, default=1, help="also run prepare with this many workers (smallest size)")
-    ap.add_argument("--tasks", default="", help="with --workers: dpo and/or pretrain too, one worker vs N")
+    ap.add_argument("--tasks", default="", help="dpo and/or pretrain too: one worker vs N (with --workers) at the first size, "
+                    "one worker's memory at the others")
     ap.add_argument("--repeat", type=int, default=REPEAT, help="runs of each prepare command (median seconds)")
     ap.add_argument("--vocab", choices=("fixture", "zipf"), default="fixture")
     ap.add_argument("--dir", default=tempfile.gettempdir())
@@ -379,6 +391,9 @@ def main(argv=None):
             for task in filter(None, a.tasks.split(",") if a.workers > 1 else []):
                 row.setdefault("tasks", {})[task] = task_workers(task, mb, tok, work, a.package, a.workers)
             if not a.no_peers: row["peers"] = peers(src, tok, out, work)
+        else:                                     # a larger size: each task's memory with one worker
+            for task in filter(None, a.tasks.split(",")):
+                row.setdefault("task_peaks", {})[task] = task_peak(task, mb, tok, work, a.package)
         res["sizes"][f"{mb:g} MB"] = row
         report_size(mb, row)
     report_targets(res, sizes)
@@ -452,6 +467,9 @@ def report_size(mb, row):
               f"({one['seconds'] / many['seconds']:.2f}x), tree peak {many['tree_peak_mb']:.0f} MB, largest process "
               f"{many['process_peak_mb']:.0f} MB; rows {one['rows']:,} / {many['rows']:,}; one worker "
               f"{busy(one['cpu_s'], one['seconds'])}, {bound(one['cpu_s'], one['seconds'], t['n'])}")
+    for task, t in row.get("task_peaks", {}).items():
+        print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {t['seconds']:.1f} s, tree peak "
+              f"{t['tree_peak_mb']:.0f} MB, {t['rows']:,} rows")
     for name, p in row.get("peers", {}).items():
         if "error" in p:
             print(f"{name}: failed: {p['error'][-300:]}")
@@ -483,6 +501,11 @@ def report_targets(res, sizes):
         print(f"--task {task} --workers {t['n']} >= 1.6x one worker: {x:.2f}x ({'met' if x >= 1.6 else 'MISSED'}; "
               f"{bound(t['one']['cpu_s'], t['one']['seconds'], t['n'])}); "
               f"each worker <= 300 MB: {big:.0f} MB ({'met' if big <= 300 else 'MISSED'})")
+    for task, t in rows[-1].get("task_peaks", {}).items():
+        small = first.get("tasks", {}).get(task, {}).get("one", {}).get("tree_peak_mb")
+        grew = f"; {(t['tree_peak_mb'] - small) / small:+.1%} over the {sizes[0]:g} MB run" if small else ""
+        print(f"--task {task} tree peak <= 300 MB at {sizes[-1]:g} MB: {t['tree_peak_mb']:.0f} MB "
+              f"({'met' if t['tree_peak_mb'] <= 300 else 'MISSED'}{grew})")
     if len(rows) > 1:
         d = abs(rows[-1]["tree_peak_mb"] - rows[0]["tree_peak_mb"]) / rows[0]["tree_peak_mb"]
         print(f"{sizes[-1]:g} MB peak within 10% of the {sizes[0]:g} MB one: {d:.1%} ({'met' if d <= 0.1 else 'MISSED'})")
