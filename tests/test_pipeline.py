@@ -132,14 +132,17 @@ def _pids_of(out_dir: Path) -> list:
     return found
 
 
-def _children(pid: int) -> list:
-    out = []
+def _proc_stats():
+    "`(pid, stat fields after the command name)` of every process now, zombies included."
     for p in Path("/proc").iterdir():
         if not p.name.isdigit(): continue
         try: stat = (p / "stat").read_text()
         except OSError: continue
-        if int(stat.rsplit(")", 1)[1].split()[1]) == pid: out.append(int(p.name))
-    return out
+        yield int(p.name), stat.rsplit(")", 1)[1].split()
+
+
+def _children(pid: int) -> list:
+    return [c for c, fields in _proc_stats() if int(fields[1]) == pid]
 
 
 def _alive(pid: int) -> bool:
@@ -307,14 +310,8 @@ def test_rerun_cleans_what_a_run_killed_while_publishing_left(tmp_path):
 
 
 def _session(sid: int) -> list:
-    "Every process, zombies included, in session `sid`."
-    out = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit(): continue
-        try: stat = (p / "stat").read_text()
-        except OSError: continue
-        if int(stat.rsplit(")", 1)[1].split()[3]) == sid: out.append(stat.split(" ", 2)[:2])
-    return out
+    "`(pid, state)` of every process, zombies included, in session `sid`."
+    return [(p, fields[0]) for p, fields in _proc_stats() if int(fields[3]) == sid]
 
 
 @pytest.mark.parametrize("bad", [False, True])
