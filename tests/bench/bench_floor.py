@@ -23,7 +23,7 @@ seconds and its largest peaks reported. It prints:
 Targets: prepare <= 2.5x the floor; tree peak <= 300 MB at 100 MB and at 1 GB, the 1 GB peak within 10% of the
 100 MB one. Wall-clock figures on a shared machine: the load average is printed beside them.
 """
-import argparse, json, os, subprocess, sys, tempfile, time
+import argparse, json, os, resource, subprocess, sys, tempfile, time
 from pathlib import Path
 
 import psutil
@@ -37,8 +37,7 @@ def uptime() -> str:
 
 def tree_run(argv, env=None, timeout=7200) -> dict:
     "Run `argv`; sample the RSS of its whole process tree; wall seconds, tree peak, largest process peak, output."
-    import resource
-    cpu0, t0 = _children_cpu(resource), time.perf_counter()
+    cpu0, t0 = _children_cpu(), time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          cwd=tempfile.gettempdir())    # not a checkout: `python -c` puts the working folder first
     root, tree_peak, proc_peak, procs = psutil.Process(p.pid), 0.0, {}, set()
@@ -65,10 +64,10 @@ def tree_run(argv, env=None, timeout=7200) -> dict:
     stdout, stderr = "".join(out), "".join(err)
     if p.returncode: raise SystemExit(f"{argv[:3]} failed ({p.returncode}): {stderr[-3000:]}")
     return {"seconds": time.perf_counter() - t0, "tree_peak_mb": tree_peak, "process_peak_mb": max(proc_peak.values()),
-            "processes": len(procs), "cpu_s": _children_cpu(resource) - cpu0, "stdout": stdout, "stderr": stderr}
+            "processes": len(procs), "cpu_s": _children_cpu() - cpu0, "stdout": stdout, "stderr": stderr}
 
 
-def _children_cpu(resource) -> float:
+def _children_cpu() -> float:
     "CPU seconds (user + system) of every process this one has waited for, theirs included: one run's tree, by delta."
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
@@ -307,26 +306,17 @@ def make_task_data(path: Path, mb: float, task: str) -> dict:
 
 
 def task_workers(task: str, mb: float, tok: str, work: Path, package, workers: int) -> dict:
-    "One worker against `workers` on the same generated data of `task`: seconds, tree and largest-process peaks."
+    """One worker against `workers` on the same generated data of `task`: seconds, tree and largest-process peaks
+    (`workers` 1: one run, the same in "one" and "many")."""
     src = work / f"{task}-{mb:g}mb.jsonl"
     info = make_task_data(src, mb, task)
     extra = ["--block-size", 2048] if task == "pretrain" else []
     runs = {n: prepare(src, tok, work / f"out-{task}-{mb:g}-w{n}", package, n, task=task, extra=extra)
-            for n in (1, workers)}
+            for n in sorted({1, workers})}
     keep = lambda r: {**{k: r[k] for k in ("seconds", "tree_peak_mb", "process_peak_mb", "cpu_s")},
                       "rows": r["summary"]["rows"]}
     return {"records": info["records"], "n": workers, "one": keep(runs[1]), "many": keep(runs[workers]),
             "load": uptime()}
-
-
-def task_peak(task: str, mb: float, tok: str, work: Path, package) -> dict:
-    "One worker's run of `task` on its generated data of `mb` MB: seconds, tree peak, rows (memory at a larger size)."
-    src = work / f"{task}-{mb:g}mb.jsonl"
-    info = make_task_data(src, mb, task)
-    extra = ["--block-size", 2048] if task == "pretrain" else []
-    r = prepare(src, tok, work / f"out-{task}-{mb:g}-w1", package, 1, task=task, extra=extra)
-    return {"records": info["records"], "seconds": r["seconds"], "tree_peak_mb": r["tree_peak_mb"],
-            "rows": r["summary"]["rows"], "load": uptime()}
 
 
 def compiled(package=None):
@@ -345,8 +335,8 @@ def main(argv=None):
     ap.add_argument("--package", default=None, help="run prepare, the floor and the stages from this copy's package")
     ap.add_argument("--no-peers", action="store_true", help="skip TRL and Unsloth")
     ap.add_argument("--workers", type=int, default=1, help="also run prepare with this many workers (smallest size)")
-    ap.add_argument("--tasks", default="", help="dpo and/or pretrain too: one worker vs N (with --workers) at the first size, "
-                    "one worker's memory at the others")
+    ap.add_argument("--tasks", default="", help="dpo and/or pretrain too: one worker vs N (with --workers) at the "
+                    "first size, one worker's memory at the others")
     ap.add_argument("--repeat", type=int, default=REPEAT, help="runs of each prepare command (median seconds)")
     ap.add_argument("--vocab", choices=("fixture", "zipf"), default="fixture")
     ap.add_argument("--dir", default=tempfile.gettempdir())
@@ -393,7 +383,7 @@ def main(argv=None):
             if not a.no_peers: row["peers"] = peers(src, tok, out, work)
         else:                                     # a larger size: each task's memory with one worker
             for task in filter(None, a.tasks.split(",")):
-                row.setdefault("task_peaks", {})[task] = task_peak(task, mb, tok, work, a.package)
+                row.setdefault("task_peaks", {})[task] = task_workers(task, mb, tok, work, a.package, 1)
         res["sizes"][f"{mb:g} MB"] = row
         report_size(mb, row)
     report_targets(res, sizes)
@@ -468,8 +458,8 @@ def report_size(mb, row):
               f"{many['process_peak_mb']:.0f} MB; rows {one['rows']:,} / {many['rows']:,}; one worker "
               f"{busy(one['cpu_s'], one['seconds'])}, {bound(one['cpu_s'], one['seconds'], t['n'])}")
     for task, t in row.get("task_peaks", {}).items():
-        print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {t['seconds']:.1f} s, tree peak "
-              f"{t['tree_peak_mb']:.0f} MB, {t['rows']:,} rows")
+        print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {t['one']['seconds']:.1f} s, tree "
+              f"peak {t['one']['tree_peak_mb']:.0f} MB, {t['one']['rows']:,} rows")
     for name, p in row.get("peers", {}).items():
         if "error" in p:
             print(f"{name}: failed: {p['error'][-300:]}")
@@ -502,10 +492,10 @@ def report_targets(res, sizes):
               f"{bound(t['one']['cpu_s'], t['one']['seconds'], t['n'])}); "
               f"each worker <= 300 MB: {big:.0f} MB ({'met' if big <= 300 else 'MISSED'})")
     for task, t in rows[-1].get("task_peaks", {}).items():
-        small = first.get("tasks", {}).get(task, {}).get("one", {}).get("tree_peak_mb")
-        grew = f"; {(t['tree_peak_mb'] - small) / small:+.1%} over the {sizes[0]:g} MB run" if small else ""
-        print(f"--task {task} tree peak <= 300 MB at {sizes[-1]:g} MB: {t['tree_peak_mb']:.0f} MB "
-              f"({'met' if t['tree_peak_mb'] <= 300 else 'MISSED'}{grew})")
+        small, peak = first.get("tasks", {}).get(task, {}).get("one", {}).get("tree_peak_mb"), t["one"]["tree_peak_mb"]
+        grew = f"; {(peak - small) / small:+.1%} over the {sizes[0]:g} MB run" if small else ""
+        print(f"--task {task} tree peak <= 300 MB at {sizes[-1]:g} MB: {peak:.0f} MB "
+              f"({'met' if peak <= 300 else 'MISSED'}{grew})")
     if len(rows) > 1:
         d = abs(rows[-1]["tree_peak_mb"] - rows[0]["tree_peak_mb"]) / rows[0]["tree_peak_mb"]
         print(f"{sizes[-1]:g} MB peak within 10% of the {sizes[0]:g} MB one: {d:.1%} ({'met' if d <= 0.1 else 'MISSED'})")
