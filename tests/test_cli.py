@@ -1,5 +1,5 @@
 """Smoke tests in fresh processes: every exported module imports on its own, the CLI answers, notebooks keep their conventions."""
-import json, pkgutil, subprocess, sys
+import json, os, pkgutil, subprocess, sys
 from pathlib import Path
 
 import pytest
@@ -36,6 +36,23 @@ def test_generate_then_bad_input(tmp_path):
     assert bad.returncode == 2 and "error" in last_json(bad) and "give n" in bad.stderr
     unknown = run("unsloth-prep", "frobnicate", check=False)
     assert unknown.returncode == 2 and "unknown command" in unknown.stderr
+
+
+ALLOCATOR = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX", "ARROW_DEFAULT_MEMORY_POOL", "OPENBLAS_NUM_THREADS")
+
+
+@pytest.mark.parametrize("mine", [{}, {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_ARENA_MAX": "4"}])
+def test_data_commands_set_the_allocators_for_themselves_and_their_workers(tmp_path, mine):
+    """A data command fixes glibc's mmap threshold, one arena, Arrow's system pool and one BLAS thread in its
+    environment (its workers inherit it) before its work starts; a user's own settings are kept."""
+    code = ("import json, os, sys\nfrom unsloth_prep.cli import main\nmain(['generate', sys.argv[1], '--n', '3'])\n"
+            f"print(json.dumps({{k: os.environ.get(k) for k in {ALLOCATOR!r}}}))")
+    env = {k: v for k, v in os.environ.items() if k not in ALLOCATOR and k != "GLIBC_TUNABLES"}
+    p = subprocess.run([sys.executable, "-c", code, str(tmp_path / "g.jsonl")], capture_output=True, text=True,
+                       env={**env, **mine}, check=True)
+    want = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_ARENA_MAX": "1", "ARROW_DEFAULT_MEMORY_POOL": "system",
+            "OPENBLAS_NUM_THREADS": "1"}
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {**want, **mine}
 
 
 def test_tiny_model_command(tmp_path):

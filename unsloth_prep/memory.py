@@ -13,7 +13,8 @@ import psutil
 # %% auto #0
 __all__ = ['MB', 'rss_mb', 'cuda_available', 'cuda_reset_peak', 'cuda_peak_mb', 'MemResult', 'track', 'measure', 'own_peak_mb',
            'isolated', 'run_code', 'log_memory', 'plot_peaks', 'plot_timelines', 'lean_allocators', 'one_blas_thread',
-           'one_malloc_arena', 'release_memory', 'count_records_whole', 'count_records_streaming']
+           'one_malloc_arena', 'fixed_mmap_threshold', 'release_memory', 'count_records_whole',
+           'count_records_streaming']
 
 # %% ../nbs/00_memory.ipynb #08bba790
 MB = 1024 * 1024
@@ -281,6 +282,16 @@ def one_malloc_arena() -> bool:
     if "MALLOC_ARENA_MAX" in os.environ: return False   # the user's choice
     os.environ["MALLOC_ARENA_MAX"] = "1"                # read when a process starts (children inherit it)
     return _glibc("mallopt", _M_ARENA_MAX, 1) == 1      # this process, for threads started later
+
+# %% ../nbs/00_memory.ipynb #6fdc3c03
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter: blocks of this size and more are mapped on their own
+
+def fixed_mmap_threshold(nbytes: int = 1 << 20) -> bool:
+    "Blocks of `nbytes` and more are given back when freed, here and in the processes this one starts; False if not."
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ: return False                 # the user's choice
+    if "mmap_threshold" in os.environ.get("GLIBC_TUNABLES", ""): return False
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(nbytes)                     # read when a process starts
+    return _glibc("mallopt", _M_MMAP_THRESHOLD, nbytes) == 1               # this process, from now on
 
 # %% ../nbs/00_memory.ipynb #58a71c1b
 def release_memory():
