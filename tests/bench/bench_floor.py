@@ -36,11 +36,12 @@ def uptime() -> str:
 
 
 def tree_run(argv, env=None, timeout=7200) -> dict:
-    "Run `argv`; sample the RSS of its whole process tree; wall seconds, tree peak, largest process peak, output."
+    """Run `argv`; sample the RSS of its whole process tree: wall seconds, tree peak (and up to each quarter of the
+    run), largest process peak, output."""
     cpu0, t0 = _children_cpu(), time.perf_counter()
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                          cwd=tempfile.gettempdir())    # not a checkout: `python -c` puts the working folder first
-    root, tree_peak, proc_peak, procs = psutil.Process(p.pid), 0.0, {}, set()
+    root, samples, proc_peak, procs = psutil.Process(p.pid), [], {}, set()
     out, err = [], []
     import threading
     readers = [threading.Thread(target=lambda s, b: b.append(s.read()), args=(s, b), daemon=True)
@@ -56,14 +57,17 @@ def tree_run(argv, env=None, timeout=7200) -> dict:
             total += mb
             procs.add(q.pid)
             proc_peak[q.pid] = max(proc_peak.get(q.pid, 0.0), mb)
-        tree_peak = max(tree_peak, total)
+        samples.append((time.perf_counter() - t0, total))
         time.sleep(0.02)
     if p.poll() is None: p.kill()
     p.wait()
     for r in readers: r.join()
     stdout, stderr = "".join(out), "".join(err)
     if p.returncode: raise SystemExit(f"{argv[:3]} failed ({p.returncode}): {stderr[-3000:]}")
-    return {"seconds": time.perf_counter() - t0, "tree_peak_mb": tree_peak, "process_peak_mb": max(proc_peak.values()),
+    seconds = time.perf_counter() - t0
+    quarters = [max([mb for t, mb in samples if t <= q * seconds] or [0.0]) for q in (0.25, 0.5, 0.75, 1)]
+    return {"seconds": seconds, "tree_peak_mb": quarters[-1], "quarters_mb": quarters,
+            "process_peak_mb": max(proc_peak.values()),
             "processes": len(procs), "cpu_s": _children_cpu() - cpu0, "stdout": stdout, "stderr": stderr}
 
 
@@ -313,7 +317,7 @@ def task_workers(task: str, mb: float, tok: str, work: Path, package, workers: i
     extra = ["--block-size", 2048] if task == "pretrain" else []
     runs = {n: prepare(src, tok, work / f"out-{task}-{mb:g}-w{n}", package, n, task=task, extra=extra)
             for n in sorted({1, workers})}
-    keep = lambda r: {**{k: r[k] for k in ("seconds", "tree_peak_mb", "process_peak_mb", "cpu_s")},
+    keep = lambda r: {**{k: r[k] for k in ("seconds", "tree_peak_mb", "quarters_mb", "process_peak_mb", "cpu_s")},
                       "rows": r["summary"]["rows"]}
     return {"records": info["records"], "n": workers, "one": keep(runs[1]), "many": keep(runs[workers]),
             "load": uptime()}
@@ -363,7 +367,8 @@ def main(argv=None):
         out = work / f"out-{a.vocab}-{mb:g}"
         r = prepare(src, tok, out, a.package)
         row = {"records": info["records"], "prepare_s": r["seconds"], "runs_s": r["runs_s"],
-               "tree_peak_mb": r["tree_peak_mb"], "process_peak_mb": r["process_peak_mb"], "cpu_s": r["cpu_s"],
+               "tree_peak_mb": r["tree_peak_mb"], "quarters_mb": r["quarters_mb"],
+               "process_peak_mb": r["process_peak_mb"], "cpu_s": r["cpu_s"],
                "rows": r["summary"]["rows"], "tokens": r["summary"]["tokens"], "load": uptime()}
         if mb == sizes[0]:
             fl = child(FLOOR, a.package, SRC=str(src), TOK=tok)
@@ -429,7 +434,8 @@ def report_size(mb, row):
     spread = "-".join(f"{x:.1f}" for x in (row["runs_s"][0], row["runs_s"][-1]))
     print(f"prepare (CLI, fresh process, median of {len(row['runs_s'])}: {spread} s): {row['prepare_s']:.1f} s, "
           f"tree peak {row['tree_peak_mb']:.0f} MB, largest process {row['process_peak_mb']:.0f} MB; "
-          f"{row['rows']:,} rows, {row['tokens']:,} tokens; {busy(row['cpu_s'], row['prepare_s'])}")
+          f"{row['rows']:,} rows, {row['tokens']:,} tokens; {busy(row['cpu_s'], row['prepare_s'])}; "
+          f"{by_quarter(row['quarters_mb'])}")
     if "floor" in row:
         f = row["floor"]
         print(f"floor: read + parse {f['read_s']:.2f} s + fastokens encode {f['encode_s']:.2f} s = {f['floor_s']:.2f} s "
@@ -458,8 +464,9 @@ def report_size(mb, row):
               f"{many['process_peak_mb']:.0f} MB; rows {one['rows']:,} / {many['rows']:,}; one worker "
               f"{busy(one['cpu_s'], one['seconds'])}, {bound(one['cpu_s'], one['seconds'], t['n'])}")
     for task, t in row.get("task_peaks", {}).items():
-        print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {t['one']['seconds']:.1f} s, tree "
-              f"peak {t['one']['tree_peak_mb']:.0f} MB, {t['one']['rows']:,} rows")
+        one = t["one"]
+        print(f"--task {task} ({t['records']:,} records, {t['load']}): one worker {one['seconds']:.1f} s, tree "
+              f"peak {one['tree_peak_mb']:.0f} MB, {one['rows']:,} rows; {by_quarter(one['quarters_mb'])}")
     for name, p in row.get("peers", {}).items():
         if "error" in p:
             print(f"{name}: failed: {p['error'][-300:]}")
@@ -467,6 +474,12 @@ def report_size(mb, row):
         print(f"{name}: {p['seconds']:.1f} s ({p['seconds'] / row['prepare_s']:.1f}x prepare), tree peak "
               f"{p['tree_peak_mb']:.0f} MB, {p['rows']:,} rows of our {p['our_rows']:,}: {p['same_ids']:,} with our ids, "
               f"{p['same_ids_and_labels']:,} with our ids and labels ({p['load']})")
+
+
+def by_quarter(q) -> str:
+    "The tree peak up to each quarter of a run: memory that stays level gains little after the first."
+    return "tree peak by a quarter, half, three quarters, the end of the run: " + ", ".join(f"{x:.0f}" for x in q) + \
+        f" MB ({q[-1] - q[0]:+.0f} MB after the first quarter)"
 
 
 def report_targets(res, sizes):
