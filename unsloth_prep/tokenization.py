@@ -29,8 +29,9 @@ __all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'BATCH_SEP', 'BATCH_TEMPLATE', 'T
            'ChatRenderer', 'TurnShape', 'TemplateShape', 'RowCounts', 'TokenizeCounts', 'ChatTokenizer', 'Prep',
            'record_place', 'place_text', 'list_array', 'flat_lists', 'lists_array', 'token_columns',
            'tokenize_conversation', 'end_of_turn_token', 'tokenize_dataset', 'VerifyReport', 'verify_labels',
-           'token_view', 'tokenize_batch_stats', 'LengthStats', 'length_stats', 'plot_lengths', 'iter_batches',
-           'tokenize_batches', 'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records', 'ChatStep']
+           'token_view', 'tokenize_batch_stats', 'LengthCounts', 'LengthStats', 'length_stats', 'plot_lengths',
+           'iter_batches', 'tokenize_batches', 'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records',
+           'ChatStep']
 
 # %% ../nbs/11_tokenization.ipynb #5b54b43f
 REASONING_KEYS = ("reasoning_content", "thinking")
@@ -1094,6 +1095,57 @@ def tokenize_batch_stats(tokenizer_path, records: list, max_seq_length: int | No
     ct, c = ChatTokenizer(tok, train_on, max_seq_length, "truncate", chars_per_token), TokenizeCounts()
     with track("tokenize") as r: ct(records, c)
     return {**c.as_dict(), "step_delta_mb": round(r.delta_mb, 1), "step_seconds": round(r.seconds, 3)}
+
+# %% ../nbs/11_tokenization.ipynb #7ae973e4
+class LengthCounts:
+    "How many items have each length: exact percentiles, mean and shares, memory bounded by the lengths seen."
+    def __init__(self, dense: int = 1 << 16): self.dense, self.rare = np.zeros(dense, np.int64), {}
+
+    def add(self, lengths) -> "LengthCounts":
+        "Count `lengths` (ints >= 0; one longer than `dense` tokens is counted in a dict)."
+        n = np.asarray(lengths, np.int64)
+        big = n >= len(self.dense)
+        self.dense += np.bincount(n[~big], minlength=len(self.dense))
+        for v in n[big].tolist(): self.rare[v] = self.rare.get(v, 0) + 1
+        return self
+
+    def __len__(self): return int(self.dense.sum()) + sum(self.rare.values())
+
+# %% ../nbs/11_tokenization.ipynb #8eb33d5a
+@patch
+def merge(self: LengthCounts, other: LengthCounts) -> LengthCounts:
+    "Add the counts of `other` (another shard's)."
+    self.dense += other.dense
+    for v, c in other.rare.items(): self.rare[v] = self.rare.get(v, 0) + c
+    return self
+
+@patch
+def counts(self: LengthCounts) -> tuple[np.ndarray, np.ndarray]:
+    "The lengths seen, ascending, and how many items have each."
+    v, rare = np.flatnonzero(self.dense), sorted(self.rare.items())
+    keys, counts = (np.array([p[i] for p in rare], np.int64) for i in (0, 1))
+    return np.concatenate([v, keys]), np.concatenate([self.dense[v], counts])
+
+@patch(as_prop=True)
+def tokens(self: LengthCounts) -> int: return int(np.dot(*self.counts()))
+
+# %% ../nbs/11_tokenization.ipynb #eff8a02b
+@patch
+def percentile(self: LengthCounts, q: float, method: str = "linear") -> float:
+    "numpy's percentile `q` (`method` linear or higher) of the counted lengths, without expanding them."
+    v, c = self.counts()
+    cum = np.cumsum(c)
+    h = float(cum[-1] - 1) * (q / 100)                                   # as numpy computes it
+    lo = int(np.ceil(h)) if method == "higher" else int(np.floor(h))
+    a, b = (float(v[np.searchsorted(cum, r, "right")]) for r in (lo, min(lo + 1, cum[-1] - 1)))
+    t = 0.0 if method == "higher" else h - lo
+    return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t       # as numpy interpolates, to the last bit
+
+@patch
+def above(self: LengthCounts, n: int) -> int:
+    "How many items are longer than `n`."
+    v, c = self.counts()
+    return int(c[v > n].sum())
 
 # %% ../nbs/11_tokenization.ipynb #f3126e12
 class LengthStats:
