@@ -137,7 +137,7 @@ def _stream(ids: np.ndarray, off: np.ndarray, eos: int) -> tuple[np.ndarray, np.
     starts[off[:-1] + np.arange(n)] = True
     return stream, starts
 
-# %% ../nbs/15_pretrain.ipynb #86380132
+# %% ../nbs/15_pretrain.ipynb #34efa073
 def _windows(a: np.ndarray, size: int, step: int, n: int) -> np.ndarray:
     "The first `n` windows of `size` items of `a`, `step` apart, as `(n, size)`: a view where they do not overlap."
     if step == size: return a[:n * size].reshape(n, size)
@@ -148,15 +148,16 @@ def _block_columns(stream, starts, size: int, step: int, ctx: np.ndarray) -> dic
     n = len(ctx)
     ids, reset = _windows(stream, size, step, n), _windows(starts, size, step, n).copy()
     reset[:, 0] = True
-    labels = ids.copy() if ctx.any() else ids           # no context: one buffer serves both columns
-    labels[np.arange(size) < ctx[:, None]] = IGNORE_INDEX
+    masked = bool(ctx.any())
+    labels = ids.copy() if masked else ids              # no context: one buffer serves both columns
+    if masked: labels[np.arange(size) < ctx[:, None]] = IGNORE_INDEX
     pos = np.arange(n * size, dtype=np.int32)
     first = pos * reset.ravel()                         # where each piece starts, carried to its positions:
     np.maximum.accumulate(first, out=first)             # in place, as every array this size is fresh memory
     np.subtract(pos, first, out=pos)
     return {"input_ids": ids.ravel(), "labels": labels.ravel(), "position_ids": pos, "cuts": np.flatnonzero(reset)}
 
-# %% ../nbs/15_pretrain.ipynb #be11bda0
+# %% ../nbs/15_pretrain.ipynb #bcdc6da9
 _BLOCK_COLUMNS = ("input_ids", "labels", "position_ids", "seq_lengths")
 
 def _blocks_table(stream, starts, size: int, step: int, ctx: np.ndarray, stats: dict):
@@ -165,9 +166,10 @@ def _blocks_table(stream, starts, size: int, step: int, ctx: np.ndarray, stats: 
     c, n = _block_columns(stream, starts, size, step, ctx), len(ctx)
     rows = np.arange(n + 1) * size
     stats["blocks"] += n
-    stats["labelled_tokens"] += int(n * size - ctx.sum())
     stats["targets"] += int(n * size - np.maximum(ctx, 1).sum())    # a causal LM never predicts position 0
-    stats["predicted_tokens"] += int(((c["labels"] != IGNORE_INDEX) & (c["position_ids"] != 0)).sum())
+    labelled = int(n * size - ctx.sum())                              # ids are never -100: only context is
+    stats["labelled_tokens"] += labelled
+    stats["predicted_tokens"] += labelled - int((c["labels"][c["cuts"]] != IGNORE_INDEX).sum())  # not position 0
     seq = list_array(np.searchsorted(c["cuts"], rows), np.diff(np.append(c["cuts"], n * size)))
     return pa.table({**{k: list_array(rows, c[k]) for k in _BLOCK_COLUMNS[:3]}, "seq_lengths": seq})
 
