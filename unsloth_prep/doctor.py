@@ -237,7 +237,7 @@ def _verify(rows, wheres, tok, report: Report, convs=None, train_on: str = "all-
     for ex in vr.examples:
         report.add(VERIFY_CODES.get(ex["problem"], "labels_not_aligned"), wheres[ex["row"]], n=0, detail=ex["detail"])
 
-# %% ../nbs/19_doctor.ipynb #2e21cf9a
+# %% ../nbs/19_doctor.ipynb #dd2dbbaa
 class TokenChecks:
     "Token-level checks of conversations, batched: tokenize with the package's masking, verify labels, measure lengths."
     def __init__(self, tok, report: Report, max_seq_length=None, train_on="all-assistant", batch_size=256):
@@ -262,8 +262,7 @@ class TokenChecks:
             if row is None:
                 rep.add("no_trainable_tokens", where, detail="tokenize_conversation leaves nothing to train")
                 continue
-            self.stats.add_row(row["input_ids"], row["labels"], self.tok.bos_token_id)
-            n, least = self.stats.total[-1], self.stats.min_len[-1]
+            n, least = self.stats.add_row(row["input_ids"], row["labels"], self.tok.bos_token_id)
             if L and n > L:
                 rep.add("dropped_too_long" if least > L else "truncated", where,
                         detail=f"{n} tokens > max_seq_length={L}"
@@ -274,7 +273,7 @@ class TokenChecks:
         self.pending = []
         _verify(rows, wheres, self.tok, rep, convs, self.train_on)
 
-# %% ../nbs/19_doctor.ipynb #b0a2bba0
+# %% ../nbs/19_doctor.ipynb #4b3fc73a
 @patch
 def finish(self: TokenChecks):
     "Flush, then add how turns were located, length statistics and a concrete `max_seq_length` to the findings."
@@ -282,7 +281,7 @@ def finish(self: TokenChecks):
     self.flush()
     self.report.info.update(template_family=template_family(default_template(self.tok)),
                             turns_located=dict(self.counts.located))
-    if not len(self.stats.total): return
+    if not len(self.stats): return
     s = self.stats.summary(95, 64)
     self.report.info["lengths"] = {k: s[k] for k in ("p50", "p95", "p99", "max", "suggested_max_seq_length")}
     best = s["suggested_max_seq_length"]

@@ -464,14 +464,14 @@ def gpu_table(model, stats=None, gpus=None, **kw) -> list:
                      "estimated_gb": r["estimated_gb"], "fits": r["fits"]})
     return rows
 
-# %% ../nbs/17_oom.ipynb #a8441340
+# %% ../nbs/17_oom.ipynb #f94b1aa0
 def _length_stats(lengths) -> dict:
-    "p50/p95/p99/max and a suggested max_seq_length (p95 rounded up to 64) of token lengths."
-    import numpy as np
-    xs = np.asarray(list(lengths), dtype=np.int64)
-    if not xs.size: raise ValueError("no lengths to summarise")
-    pct = lambda q: int(np.percentile(xs, q, method="higher"))
-    return {"rows": int(xs.size), "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": int(xs.max()),
+    "p50/p95/p99/max and a suggested max_seq_length (p95 rounded up to 64) of token lengths, or of their counts."
+    from unsloth_prep.tokenization import LengthCounts
+    c = lengths if isinstance(lengths, LengthCounts) else LengthCounts().add(list(lengths))
+    if not len(c): raise ValueError("no lengths to summarise")
+    pct = lambda q: int(c.percentile(q, "higher"))
+    return {"rows": len(c), "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": pct(100),
             "suggested_max_seq_length": round_up(pct(95))}
 
 # %% ../nbs/17_oom.ipynb #4e8a3f3b
