@@ -81,7 +81,7 @@ def as_messages(record, where: str = "record") -> tuple[list[dict], Any]:
         out.append(_template_message(m, where, j))
     return out, tools or None
 
-# %% ../nbs/11_tokenization.ipynb #a94cee62
+# %% ../nbs/11_tokenization.ipynb #a3614485
 def _reasoning(m: dict) -> str:
     "The reasoning text of a message ('' when it has none)."
     return next((m[k] for k in REASONING_KEYS if isinstance(m.get(k), str)), "")
@@ -91,9 +91,13 @@ def _call_names(m: dict) -> list[str]:
     fns = [c.get("function", c) for c in m.get("tool_calls") or [] if isinstance(c, dict)]
     return [f["name"] for f in fns if isinstance(f, dict) and isinstance(f.get("name"), str) and f["name"]]
 
+def _has_text(s: str) -> bool:
+    "`s` holds more than whitespace (what `s.strip()` tells, without copying `s`)."
+    return bool(s) and not s.isspace()
+
 def _has_output(m: dict) -> bool:
     "An assistant message writes something: text, reasoning or tool calls."
-    return bool(m["content"].strip() or _reasoning(m).strip() or m.get("tool_calls"))
+    return _has_text(m["content"]) or _has_text(_reasoning(m)) or bool(m.get("tool_calls"))
 
 def _is_trained(m: dict) -> bool:
     "An assistant message is trained unless it writes nothing or has `loss_weight` 0 (LLaMA-Factory's weight)."
@@ -101,7 +105,7 @@ def _is_trained(m: dict) -> bool:
 
 def _is_plain(m: dict) -> bool:
     "A message with content only (no reasoning field, no tool calls)."
-    return not m.get("tool_calls") and not any(k in m for k in REASONING_KEYS)
+    return len(m) == 2 and "content" in m or not m.get("tool_calls") and not any(k in m for k in REASONING_KEYS)
 
 # %% ../nbs/11_tokenization.ipynb #8ecdd79c
 class ChatRenderer:
@@ -559,7 +563,7 @@ class ChatTokenizer:
         preps = self.render_batch(records, counts, start)
         return self.rows(preps, self.encode(preps), counts)
 
-# %% ../nbs/11_tokenization.ipynb #90e348db
+# %% ../nbs/11_tokenization.ipynb #4065ceb8
 def _tool_names(tools) -> list[str]:
     "The function names of a record's tool schemas."
     tools = tools if isinstance(tools, list) else [tools]
@@ -568,8 +572,7 @@ def _tool_names(tools) -> list[str]:
 
 def _lost_parts(text: str, msgs: list, tools) -> list[str]:
     "The parts of a record its rendered text lacks: tools, tool_calls (a function name missing), system, reasoning."
-    system = [m["content"].strip() for m in msgs if m["role"] == "system" and m["content"].strip()]
-    system_lost = any(x not in text for x in system)
+    system_lost = any(m["role"] == "system" and (x := m["content"].strip()) and x not in text for m in msgs)
     if not tools and all(len(m) == 2 for m in msgs): return ["system"] if system_lost else []  # role, content only
     lost = ["tools"] if tools and any(n not in text for n in _tool_names(tools)) else []
     if any(n not in text for m in msgs for n in _call_names(m)): lost.append("tool_calls")
@@ -643,7 +646,7 @@ def _render_group(self: ChatTokenizer, rend: ChatRenderer, todo: list, counts: T
         out.append(Prep(msgs, asst, cut, texts[j], res[0], res[1], where))
     return out
 
-# %% ../nbs/11_tokenization.ipynb #473a5fb6
+# %% ../nbs/11_tokenization.ipynb #21e24ec4
 @patch
 def render_batch(self: ChatTokenizer, records, counts: TokenizeCounts, start: int = 0) -> list:
     "A `Prep` per record kept: messages after char pre-truncation, rendered text, turn spans (refused ones rejected)."
@@ -656,10 +659,11 @@ def render_batch(self: ChatTokenizer, records, counts: TokenizeCounts, start: in
             self._refuse(place, e, rec)
             continue
         todo.append((place, rec, msgs, tools, self._pretruncate(msgs), where))
-    pick = lambda item: self.tool_renderer if item[3] and self.tool_renderer else self.renderer
+    tooled = [bool(x[3] and self.tool_renderer) for x in todo]     # records with tools and a tool-use template
     out = [None] * len(todo)
-    for rend in {id(pick(x)): pick(x) for x in todo}.values():
-        idx = [j for j, x in enumerate(todo) if pick(x) is rend]
+    for t in dict.fromkeys(tooled):                                  # each renderer, in the order first needed
+        rend = self.tool_renderer if t else self.renderer
+        idx = [j for j, x in enumerate(tooled) if x is t]
         for j, p in zip(idx, self._render_group(rend, [todo[j] for j in idx], counts)): out[j] = p
     kept = [p for p in out if p is not None]
     counts.rows_in += len(kept)
@@ -685,7 +689,7 @@ def _offset_spans(offsets, spans) -> list:
         out.append((int(hit[0]), int(hit[-1]) + 1, i) if len(hit) else (0, 0, i))
     return out
 
-# %% ../nbs/11_tokenization.ipynb #b0808f9a
+# %% ../nbs/11_tokenization.ipynb #e0170639
 @patch
 def _byte_rows(self: ChatTokenizer, preps: list, ids, off) -> list:
     "Per row `(ids, token spans, False)` from the token byte lengths, or None where its bytes do not add up."
@@ -697,16 +701,16 @@ def _byte_rows(self: ChatTokenizer, preps: list, ids, off) -> list:
     rows = np.repeat(np.arange(len(preps)), [len(q) // 2 if k else 0 for q, k in zip(pos, ok)])
     flat = np.array([x for q, k in zip(pos, ok) if k for x in q[:-1]], np.int64) + cum[off[rows].repeat(2)]
     lo, hi = off[rows], off[rows + 1]
-    ta = (np.clip(np.searchsorted(cum, flat[0::2], "right") - 1, lo, hi) - lo).tolist()
-    tb = (np.clip(np.searchsorted(cum, flat[1::2], "left"), lo, hi) - lo).tolist()
+    ta = np.clip(np.searchsorted(cum, flat[0::2], "right") - 1, lo, hi) - lo
+    tb = np.maximum(np.clip(np.searchsorted(cum, flat[1::2], "left"), lo, hi) - lo, ta)
+    spans = list(zip(ta.tolist(), tb.tolist(), [i for p, k in zip(preps, ok) if k for _, _, i in p.spans]))
     out, j, bounds = [], 0, off.tolist()             # Python ints: slicing with numpy scalars costs more
     for r, p in enumerate(preps):
         if not ok[r]:
             out.append(None)
             continue
         n = len(p.spans)
-        spans = [(x, max(x, y), i) for x, y, (_, _, i) in zip(ta[j:j + n], tb[j:j + n], p.spans)]
-        out.append((ids[bounds[r]:bounds[r + 1]], spans, False))
+        out.append((ids[bounds[r]:bounds[r + 1]], spans[j:j + n], False))
         j += n
     return out
 
@@ -839,26 +843,26 @@ def token_columns(pieces: list, lens: list, intervals: list, train_all: bool) ->
     return {"input_ids": list_array(offsets, ids), "attention_mask": list_array(offsets, _ones(len(ids))),
             "labels": list_array(offsets, labels)}
 
-# %% ../nbs/11_tokenization.ipynb #81d7f3ec
+# %% ../nbs/11_tokenization.ipynb #73687edc
 @patch
 def columns(self: ChatTokenizer, preps: list, encoded: list, counts: TokenizeCounts, start: int = 0) -> dict:
     "Arrow columns of the rows that survive the overflow policy (the others are counted)."
     pieces, lens, intervals, base = [], [], [], 0
     for p, (ids, tok_spans, ref) in zip(preps, encoded):
-        counts.reference_rows += ref
         row = self._row(p, ids, tok_spans, counts)
         if row is None: continue
         ids, c, iv = row
         pieces += [ids] if c is None else [ids[:c[0]], ids[c[1]:]]
         n = len(ids) - (0 if c is None else c[1] - c[0])
         intervals += [(base + a, base + b) for a, b in iv if b > a]
-        marked = sum(b - a for a, b in iv if b > a)
         lens.append(n)
         base += n
-        counts.rows_out += 1
-        counts.tokens += n
-        counts.trainable_tokens += n - marked if self.train_on == "all" else marked
-    return token_columns(pieces, lens, intervals, self.train_on == "all")
+    marked, every = sum(b - a for a, b in intervals), self.train_on == "all"   # counted once a batch, not a row
+    counts.reference_rows += sum(e[2] for e in encoded)
+    counts.rows_out += len(lens)
+    counts.tokens += base
+    counts.trainable_tokens += base - marked if every else marked
+    return token_columns(pieces, lens, intervals, every)
 
 @patch
 def rows(self: ChatTokenizer, preps: list, encoded: list, counts: TokenizeCounts, start: int = 0) -> dict:
