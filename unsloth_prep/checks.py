@@ -258,18 +258,18 @@ def no_trainable_tokens(ctx: Context):
     detail = f"{n} of {ctx.scan['rows']} rows have every label -100 (rows {rows[:10]})"
     return hit(detail, where=rows[0] if rows else None, n=n)
 
-# %% ../nbs/13_checks.ipynb #c7f08dbe
+# %% ../nbs/13_checks.ipynb #a0a6974b
 @register("truncated", "warning", "rows longer than max_seq_length: cut, trainable tokens lost",
           "raise `max_seq_length`", needs=("scan", "max_seq_length"))
 def truncated(ctx: Context):
     "Fires when scanned rows are longer than the max_seq_length in use; the fix names p95 rounded up."
     from unsloth_prep.base import round_up
-    lengths, L = ctx.scan.get("lengths") or [], int(ctx.max_seq_length)
-    over = sum(n > L for n in lengths)
+    from unsloth_prep.tokenization import as_length_counts
+    lengths, L = as_length_counts(ctx.scan.get("lengths") or []), int(ctx.max_seq_length)
+    over = lengths.above(L)
     if not over: return None
-    import numpy as np
-    best = round_up(int(np.percentile(lengths, 95, method="higher")), 64)
-    return hit(f"{over} of {len(lengths)} rows over max_seq_length={L} (longest {max(lengths)})", n=over,
+    best = round_up(int(lengths.percentile(95, "higher")), 64)
+    return hit(f"{over} of {len(lengths)} rows over max_seq_length={L} (longest {lengths.percentile(100):.0f})", n=over,
                fix=f"`max_seq_length={max(best, L)}` (p95 rounded up to 64), or accept cutting the tail")
 
 # %% ../nbs/13_checks.ipynb #baeb4d23

@@ -464,32 +464,33 @@ def gpu_table(model, stats=None, gpus=None, **kw) -> list:
                      "estimated_gb": r["estimated_gb"], "fits": r["fits"]})
     return rows
 
-# %% ../nbs/17_oom.ipynb #f94b1aa0
+# %% ../nbs/17_oom.ipynb #78bfd5fa
 def _length_stats(lengths) -> dict:
     "p50/p95/p99/max and a suggested max_seq_length (p95 rounded up to 64) of token lengths, or of their counts."
-    from unsloth_prep.tokenization import LengthCounts
-    c = lengths if isinstance(lengths, LengthCounts) else LengthCounts().add(list(lengths))
+    from unsloth_prep.tokenization import as_length_counts
+    c = as_length_counts(lengths)
     if not len(c): raise ValueError("no lengths to summarise")
     pct = lambda q: int(c.percentile(q, "higher"))
     return {"rows": len(c), "p50": pct(50), "p95": pct(95), "p99": pct(99), "max": pct(100),
             "suggested_max_seq_length": round_up(pct(95))}
 
-# %% ../nbs/17_oom.ipynb #4e8a3f3b
+# %% ../nbs/17_oom.ipynb #4a42088d
 def _scan_row(info: dict, rec: dict):
-    "Add one record to a scan: its token length and whether every label is -100."
+    "Add one record to a scan: its token length (counted) and whether every label is -100."
     ids, labels = rec.get("input_ids"), rec.get("labels")
-    if ids is not None: info["lengths"].append(len(ids))
+    if ids is not None: info["lengths"].add(len(ids))
     if labels is not None and all(x == -100 for x in labels):
         info["fully_masked"] += 1
         if len(info["fully_masked_rows"]) < 100: info["fully_masked_rows"].append(info["rows"])
     info["rows"] += 1
 
-# %% ../nbs/17_oom.ipynb #319cfee0
+# %% ../nbs/17_oom.ipynb #7c896fdf
 def scan_data(path, max_rows: int | None = 200_000) -> dict:
-    "Size, format, columns, rows, token lengths and fully-masked rows of a data file, folder or glob (bounded memory)."
+    "Size, format, columns, rows, token lengths (counted) and fully-masked rows of a data file, folder or glob."
+    from unsloth_prep.tokenization import LengthCounts
     shards = plan_shards(resolve_files(path))
     info = {"path": str(path), "bytes": sum(os.path.getsize(s["path"]) for s in shards), "format": shards[0]["kind"],
-            "columns": [], "rows": 0, "lengths": [], "fully_masked": 0, "fully_masked_rows": []}
+            "columns": [], "rows": 0, "lengths": LengthCounts(), "fully_masked": 0, "fully_masked_rows": []}
     cols = {}
     records = (rec for s in shards for _, rec in iter_file(s, "raise"))
     for rec in islice(records, max_rows):

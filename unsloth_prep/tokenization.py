@@ -28,9 +28,9 @@ __all__ = ['TRAIN_ON', 'ON_OVERFLOW', 'ROLES', 'BATCH_SEP', 'BATCH_TEMPLATE', 'T
            'ChatRenderer', 'TurnShape', 'TemplateShape', 'RowCounts', 'TokenizeCounts', 'ChatTokenizer', 'Prep',
            'record_place', 'place_text', 'list_array', 'flat_lists', 'lists_array', 'token_columns',
            'tokenize_conversation', 'end_of_turn_token', 'tokenize_dataset', 'VerifyReport', 'verify_labels',
-           'token_view', 'tokenize_batch_stats', 'LengthCounts', 'LengthStats', 'length_stats', 'plot_lengths',
-           'iter_batches', 'tokenize_batches', 'prepare', 'collect_stats', 'tokenizer_identity', 'conversation_records',
-           'ChatStep']
+           'token_view', 'tokenize_batch_stats', 'LengthCounts', 'as_length_counts', 'LengthStats', 'length_stats',
+           'plot_lengths', 'iter_batches', 'tokenize_batches', 'prepare', 'collect_stats', 'tokenizer_identity',
+           'conversation_records', 'ChatStep']
 
 # %% ../nbs/11_tokenization.ipynb #5b54b43f
 REASONING_KEYS = ("reasoning_content", "thinking")
@@ -1143,7 +1143,7 @@ def counts(self: LengthCounts) -> tuple[np.ndarray, np.ndarray]:
 @patch(as_prop=True)
 def tokens(self: LengthCounts) -> int: return int(np.dot(*self.counts()))
 
-# %% ../nbs/11_tokenization.ipynb #eff8a02b
+# %% ../nbs/11_tokenization.ipynb #6c28536a
 @patch
 def percentile(self: LengthCounts, q: float, method: str = "linear") -> float:
     "numpy's percentile `q` (`method` linear or higher) of the counted lengths, without expanding them."
@@ -1160,6 +1160,10 @@ def above(self: LengthCounts, n: int) -> int:
     "How many items are longer than `n`."
     v, c = self.counts()
     return int(c[v > n].sum())
+
+def as_length_counts(lengths) -> LengthCounts:
+    "`lengths` counted (a `LengthCounts` as it is): what a report over lengths reads, whoever gathered them."
+    return lengths if isinstance(lengths, LengthCounts) else LengthCounts().add(list(lengths))
 
 # %% ../nbs/11_tokenization.ipynb #a96a1f07
 class LengthStats:
