@@ -298,21 +298,15 @@ def _run_inline(jobs: list, bar, on_done=None) -> list:
         if on_done: on_done(job, out[-1])
     return out
 
-# %% ../nbs/07_scale.ipynb #f73917f6
+# %% ../nbs/07_scale.ipynb #666c8e96
 def _descendants(pid: int) -> list:
     "`pid:start-time` of every process below `pid` now (the start time tells a reused pid apart)."
-    kids = {}
-    for p in os.listdir("/proc"):
-        if not p.isdigit(): continue
+    from unsloth_prep.memory import descendants
+    out = []
+    for child in descendants(pid):
         try:
-            with open(f"/proc/{p}/stat") as f: fields = f.read().rsplit(")", 1)[1].split()
-        except OSError: continue
-        kids.setdefault(int(fields[1]), []).append((int(p), fields[19]))
-    out, todo = [], [pid]
-    while todo:
-        for child, start in kids.get(todo.pop(), []):
-            out.append(f"{child}:{start}")
-            todo.append(child)
+            with open(f"/proc/{child}/stat") as f: out.append(f"{child}:{f.read().rsplit(')', 1)[1].split()[19]}")
+        except OSError: continue                       # ended since it was listed
     return out
 
 _REAPER = """import os, sys, time
