@@ -189,15 +189,16 @@ def check_output(out, inputs=(), overwrite: bool = False, option: str = "--out",
     if folder and (is_ours(out) or publishing(out)): return out
     raise ValueError(_exists_message(out, option))
 
-# %% ../nbs/03_outputs.ipynb #85efcb68
-def file_digest(path, chunk: int = 8 << 20) -> str:
-    "XXH3-128 of a file's bytes (a folder: of its files' names and bytes, in name order)."
-    p, h = Path(path), xxhash.xxh3_128()
+# %% ../nbs/03_outputs.ipynb #1ff220dc
+def file_digest(path, chunk: int = 1 << 20) -> str:
+    """XXH3-128 of a file's bytes (a folder: of its files' names and bytes, in name order), read into one reused
+    buffer: no fresh pages per chunk."""
+    p, h, buf = Path(path), xxhash.xxh3_128(), bytearray(chunk)
     files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
     for f in files:
         if p.is_dir(): h.update(str(f.relative_to(p)).encode() + b"\0")
-        with open(f, "rb") as fh:
-            while block := fh.read(chunk): h.update(block)
+        with open(f, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf): h.update(memoryview(buf)[:n])
     return h.hexdigest()
 
 def digest(obj) -> str:
