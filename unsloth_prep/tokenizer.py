@@ -565,18 +565,26 @@ def _child_error(stderr: str) -> str:
     err = errors[-1] if errors else lines[-1] if lines else ""
     return err.split(": ", 1)[-1]
 
-# %% ../nbs/10_tokenizer.ipynb #a0669871
+# %% ../nbs/10_tokenizer.ipynb #2ce22fe8
+@functools.lru_cache(maxsize=2)
+def _written_back(path: str, digest: str) -> str:
+    """A `tokenizer.json` as `tokenizers` writes it back, kept for the next template of the same bytes (`digest`): one
+    child process resolves many templates of one tokenizer, and reading a large vocabulary costs about half a second."""
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(path).to_str()
+
+# %% ../nbs/10_tokenizer.ipynb #9a63cc47
 def write_template_folder(path, template: str, out) -> Path:
     "Write `path`'s tokenizer with Unsloth's template `template` applied as a tokenizer folder `out` (imports Unsloth)."
     import unsloth  # noqa: F401
-    from tokenizers import Tokenizer
     from transformers import AutoTokenizer
+    from unsloth_prep.outputs import file_digest
     tok = apply_template(AutoTokenizer.from_pretrained(str(path)), template)
     out = Path(out)
     tmp_dir = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     tmp_dir.mkdir(parents=True, exist_ok=True)
     backend, original = tok._tokenizer.to_str(), Path(path) / "tokenizer.json"
-    if original.exists() and Tokenizer.from_file(str(original)).to_str() == backend:
+    if original.exists() and _written_back(str(original), file_digest(original)) == backend:
         shutil.copy(original, tmp_dir / "tokenizer.json")  # unchanged: the original file loads with less memory
     else: (tmp_dir / "tokenizer.json").write_text(backend, encoding="utf-8")
     (tmp_dir / "chat_template.jinja").write_text(tok.chat_template, encoding="utf-8")
