@@ -628,7 +628,7 @@ def _array_records(spec: dict, on_error, rejects):
     return iter_json_array(spec["path"], on_error, rejects, start=spec["start"], end=spec["end"],
                            first=spec.get("first", 1))
 
-# %% ../nbs/04_loading.ipynb #5ce00141
+# %% ../nbs/04_loading.ipynb #046b0103
 def cut_jsonl(spec: dict, k: int) -> list[dict]:
     "An uncompressed JSONL spec's bytes `start:end` cut at line starts into up to `k` specs of about the same size."
     start, end = spec["start"], file_size(spec["path"]) if spec["end"] is None else spec["end"]
@@ -639,7 +639,6 @@ def cut_jsonl(spec: dict, k: int) -> list[dict]:
             f.readline()
             if cuts[-1] < f.tell() < end: cuts.append(f.tell())
     return [{**spec, "start": a, "end": b} for a, b in zip(cuts, cuts[1:] + [spec["end"]])]
-
 
 # %% ../nbs/04_loading.ipynb #26c7c754
 def plan_shards(files: list, num_shards: int | None = None) -> list[dict]:
@@ -784,7 +783,7 @@ def load_stream(data, split: str = "train", on_error: str = "raise", rejects=Non
         _gen_raw, gen_kwargs={"shards": shards, "on_error": on_error, "rejects": as_rejects(rejects)},
         split=datasets.NamedSplit(split))
 
-# %% ../nbs/04_loading.ipynb #280ca53c
+# %% ../nbs/04_loading.ipynb #21805672
 FORMATS = ("alpaca", "sharegpt", "openai", "preference", "text")
 PLACE = "_place"    # where a record came from: (file, line/element/row number, unit)
 MEDIA = {"images": "<image>", "videos": "<video>", "audios": "<audio>"}
@@ -801,7 +800,7 @@ def _col(rec: dict, field: str, mapping: dict) -> str:
 
 def _get(rec: dict, field: str, mapping: dict, fmt: str, required: bool = False, default=None):
     "Value of a canonical field; a missing required one raises ValueError naming the field and the columns."
-    col = _col(rec, field, mapping)
+    col = mapping.get(field, field)                 # _col, inlined: every field of every record comes through here
     val = rec.get(col)
     if val is None:
         if required:
@@ -882,12 +881,17 @@ def _message(role: str, content: str, src: dict, what: str) -> dict:
         if isinstance(src.get(k), str) and src[k]: msg[k] = src[k]
     return _with_weight(msg, src, what)
 
-# %% ../nbs/04_loading.ipynb #a1b41989
+# %% ../nbs/04_loading.ipynb #d13317f0
+def _media_columns(mapping: dict):
+    "The source columns of the media fields (the fields themselves without a mapping)."
+    return [mapping.get(k, k) for k in MEDIA] if mapping else MEDIA
+
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     """Media of a record (its `images`/`videos`/`audios` columns, then the references of typed parts) checked against
     the placeholders in its messages."""
+    if out.keys().isdisjoint(MEDIA) and rec.keys().isdisjoint(_media_columns(mapping)): return out  # text only
     msgs, typed = out["messages"], {k: out.pop(k) or [] for k in MEDIA if k in out}  # typed parts: a reference or None
-    if not any(typed.values()) and rec.keys().isdisjoint(_col(rec, k, mapping) for k in MEDIA): return out  # text only
+    if not any(typed.values()) and rec.keys().isdisjoint(_media_columns(mapping)): return out
     for key, tag in MEDIA.items():
         parts = typed.get(key, [])                        # None: the column's next reference
         refs = (_media_list(_get(rec, key, mapping, fmt), key, fmt) or []) + [r for r in parts if r is not None]
