@@ -881,7 +881,7 @@ def _message(role: str, content: str, src: dict, what: str) -> dict:
         if isinstance(src.get(k), str) and src[k]: msg[k] = src[k]
     return _with_weight(msg, src, what)
 
-# %% ../nbs/04_loading.ipynb #d13317f0
+# %% ../nbs/04_loading.ipynb #ab957a02
 def _media_columns(mapping: dict):
     "The source columns of the media fields (the fields themselves without a mapping)."
     return [mapping.get(k, k) for k in MEDIA] if mapping else MEDIA
@@ -889,9 +889,9 @@ def _media_columns(mapping: dict):
 def _attach_media(out: dict, rec: dict, mapping: dict, fmt: str):
     """Media of a record (its `images`/`videos`/`audios` columns, then the references of typed parts) checked against
     the placeholders in its messages."""
-    if out.keys().isdisjoint(MEDIA) and rec.keys().isdisjoint(_media_columns(mapping)): return out  # text only
-    msgs, typed = out["messages"], {k: out.pop(k) or [] for k in MEDIA if k in out}  # typed parts: a reference or None
-    if not any(typed.values()) and rec.keys().isdisjoint(_media_columns(mapping)): return out
+    typed = {} if out.keys().isdisjoint(MEDIA) else {k: out.pop(k) or [] for k in MEDIA if k in out}  # refs or None
+    if not any(typed.values()) and rec.keys().isdisjoint(_media_columns(mapping)): return out  # text only
+    msgs = out["messages"]
     for key, tag in MEDIA.items():
         parts = typed.get(key, [])                        # None: the column's next reference
         refs = (_media_list(_get(rec, key, mapping, fmt), key, fmt) or []) + [r for r in parts if r is not None]
