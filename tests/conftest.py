@@ -19,3 +19,16 @@ def s3(tmp_path_factory):
         d = tmp_path_factory.mktemp("s3data")
         fill(d)
         yield d
+
+
+# The modules that take longest, longest first; the rest follow in their usual order. With `pytest -n 2 --dist
+# loadfile --no-loadscope-reorder` (README's test command) a worker takes the next module when it finishes one, so
+# starting with the long ones lets both workers end together instead of one waiting on a long module started last.
+LONGEST_FIRST = ["test_pipeline", "test_resume", "test_scale", "test_templates", "test_demo", "test_storage_out",
+                 "test_training", "test_export", "test_tokenization_lean", "test_tokenization_templates",
+                 "test_templates_train", "test_vision"]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))   # stable: order within a module is kept

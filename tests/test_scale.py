@@ -195,9 +195,13 @@ def test_a_job_a_worker_cannot_load_fails_at_once(tmp_path, monkeypatch):
     jobs = [{"index": i, "step": only_here(), "opts": make_options({}), "split": "train", "key": str(i),
              "spec": {"parts": [{"path": f"f{i}"}], "bytes": 0}, "out": str(tmp_path / f"{i}.parquet"),
              "rejects": str(tmp_path / f"{i}.jsonl")} for i in range(2)]
+    import types                                        # a script's __main__: a file, but without the class
+    script = types.ModuleType("__main__")
+    script.__file__ = str(tmp_path / "script.py")
+    monkeypatch.setitem(sys.modules, "__main__", script)
     with pytest.raises(ValueError, match="cannot be sent to a worker process .*; define it in a module, or run with"):
         _run_local(jobs, 2, Progress(enabled=False))
-    import types                                        # a notebook's __main__ has no file a worker could import
+    # a notebook's __main__ has no file a worker could import
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))
     with pytest.raises(ValueError, match="'OnlyHere' is defined in this notebook .*; define it in a module"):
         _run_local(jobs, 2, Progress(enabled=False))
