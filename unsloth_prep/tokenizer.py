@@ -372,23 +372,32 @@ def _minijinja(self: ChatTemplate, template: str) -> str | None:
     except Exception as e: return f"minijinja cannot read it ({str(e).splitlines()[0]})"
     return None
 
-# %% ../nbs/10_tokenizer.ipynb #dca6d37a
+# %% ../nbs/10_tokenizer.ipynb #11ad3282
 MINIJINJA_FUEL = (50_000, 2_000, 64)  # a render's fuel: a base, per message or tool, per `max_chars` characters
+
+@patch
+def _render_mj_many(self: ChatTemplate, ctxs: list, budgets: list, seconds: float, strict: bool = False) -> list:
+    "minijinja's text of each context within its fuel, `seconds` and budget (None where it cannot; `strict`: raise)."
+    if not _WATCHDOG: _WATCHDOG.append(_Watchdog())
+    dog, env, (base, per, chars), out = _WATCHDOG[0], self.env, MINIJINJA_FUEL, []
+    for ctx, budget in zip(ctxs, budgets):         # one loop for a batch: no call layers per record
+        env.fuel = base + per * (len(ctx.get("messages") or ()) + len(ctx.get("tools") or ())) + budget // chars
+        dog.start(seconds)
+        try: text = env.render_template("chat", **ctx)
+        except Exception:
+            if strict: raise
+            text = None
+        finally: dog.stop()
+        if text is not None and len(text) > budget:
+            if strict: raise RenderLimit(f"the rendered text passes {budget:,} characters")
+            text = None
+        out.append(text)
+    return out
 
 @patch
 def _render_mj(self: ChatTemplate, max_chars: int, seconds: float, ctx: dict, strict: bool = False) -> str | None:
     "minijinja's text within fuel, `seconds` and `max_chars` (None when it cannot; `strict`: raise instead)."
-    items = len(ctx.get("messages") or ()) + len(ctx.get("tools") or ())
-    self.env.fuel = MINIJINJA_FUEL[0] + MINIJINJA_FUEL[1] * items + max_chars // MINIJINJA_FUEL[2]
-    if not _WATCHDOG: _WATCHDOG.append(_Watchdog())
-    _WATCHDOG[0].start(seconds)
-    try: text = self.env.render_template("chat", **ctx)
-    except Exception:
-        if strict: raise
-        return None
-    finally: _WATCHDOG[0].stop()
-    if len(text) > max_chars and strict: raise RenderLimit(f"the rendered text passes {max_chars:,} characters")
-    return text if len(text) <= max_chars else None
+    return self._render_mj_many([ctx], [max_chars], seconds, strict)[0]
 
 # %% ../nbs/10_tokenizer.ipynb #55a89f30
 _PROBE_CONV = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "数据 😀  two  spaces\n"},
@@ -418,18 +427,27 @@ def _probe(self: ChatTemplate, cases: list, variables: dict) -> str | None:
     self.probe = {"cases": len(contexts), "identical": same, "first_diff": None if why is None else last}
     return why
 
-# %% ../nbs/10_tokenizer.ipynb #4ec5d07e
+# %% ../nbs/10_tokenizer.ipynb #f6fbbe16
+@patch
+def render_fast(self: ChatTemplate, ctxs: list, budgets: list, seconds: float = RENDER_SECONDS) -> list:
+    "minijinja's texts of many contexts, each within its budget; None for each one that jinja2 renders instead."
+    out = [None] * len(ctxs)
+    if self.env is None: return out
+    risky = self.risky                            # messages with risky characters, tools with exponent floats
+    routed = lambda c: (risky is not None and _routed(c.get("messages"), risky) or
+                        c.get("tools") is not None and _routed(c["tools"], risky))
+    mine = [k for k, c in enumerate(ctxs) if not routed(c)]
+    for k, text in zip(mine, self._render_mj_many([ctxs[k] for k in mine], [budgets[k] for k in mine], seconds)):
+        out[k] = text
+        self.fallbacks += text is None            # minijinja could not: jinja2 gives the text or the error
+    return out
+
 @patch
 def render(self: ChatTemplate, max_chars: int | None = None, seconds: float = RENDER_SECONDS, **ctx) -> str:
     "The rendered text (minijinja where it renders alike, else jinja2) within `seconds` and `max_chars` characters."
     max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
-    tools = ctx.get("tools")
-    routed = self.risky is not None and _routed(ctx.get("messages"), self.risky)
-    if self.env is not None and not routed and not (tools is not None and _routed(tools, self.risky)):
-        text = self._render_mj(max_chars, seconds, ctx)
-        if text is not None: return text
-        self.fallbacks += 1
-    return render_bounded(self.jinja, max_chars, seconds, **ctx)
+    text = self.render_fast([ctx], [max_chars], seconds)[0]
+    return text if text is not None else render_bounded(self.jinja, max_chars, seconds, **ctx)
 
 # %% ../nbs/10_tokenizer.ipynb #943ba099
 def _template_why(e: BaseException) -> str:
