@@ -108,7 +108,7 @@ def _is_plain(m: dict) -> bool:
     "A message with content only (no reasoning field, no tool calls)."
     return len(m) == 2 and "content" in m or not m.get("tool_calls") and not any(k in m for k in REASONING_KEYS)
 
-# %% ../nbs/11_tokenization.ipynb #39fe4294
+# %% ../nbs/11_tokenization.ipynb #2025a89f
 class ChatRenderer:
     "Renders conversations with a tokenizer's chat template (compiled once) and locates every assistant turn."
     def __init__(self, tokenizer, template: str | None = None):
@@ -119,7 +119,7 @@ class ChatRenderer:
         renderer = getattr(tokenizer, "renderer", "auto")   # jinja2, minijinja or auto (a probe decides)
         self.compiled = checked_template(self.template, self.source, renderer, self.kwargs)
         self.backend, self.family, self._shape = getattr(tokenizer, "_tokenizer", None), None, None
-        self.family = template_family(self.template)
+        self.family, self.verbatim = template_family(self.template), None   # skeletons: decided on first use
 
     def render(self, messages, add_generation_prompt=False, tools=None, engine=None) -> str:
         "The rendered text of `messages` (bounded in time and size; a failure names the template; `engine`: jinja2's)."
@@ -131,14 +131,199 @@ class ChatRenderer:
         return dict(messages=messages, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                     **self.kwargs)
 
-# %% ../nbs/11_tokenization.ipynb #0fe071be
+# %% ../nbs/11_tokenization.ipynb #7fe3b349
+_N = jinja2.nodes
+
+def _is_content(node) -> bool:
+    "`x.content`, `x['content']` or `x.get('content', ...)`."
+    if isinstance(node, _N.Getattr): return node.attr == "content"
+    if isinstance(node, _N.Getitem): return isinstance(node.arg, _N.Const) and node.arg.value == "content"
+    return (isinstance(node, _N.Call) and isinstance(node.node, _N.Getattr) and node.node.attr == "get" and
+            bool(node.args) and isinstance(node.args[0], _N.Const) and node.args[0].value == "content")
+
+def _parsed(template: str):
+    "The syntax tree of `template`, as the renderer reads it."
+    return compile_template(template).environment.parse(template)
+
+# %% ../nbs/11_tokenization.ipynb #71fdf520
+def _mentions(node, names: set) -> bool:
+    "`node` reads one of `names`."
+    return isinstance(node, _N.Name) and node.name in names or any(n.name in names for n in node.find_all(_N.Name))
+
+def _message_names(nodes: list) -> set:
+    "The names that hold the messages or one of them: `messages`, names set from it, loop variables over them."
+    lists, grew = {"messages"}, True
+    while grew:
+        new = {n.target.name for n in nodes if isinstance(n, _N.Assign) and isinstance(n.target, _N.Name)
+               and _mentions(n.node, lists)} - lists
+        lists, grew = lists | new, bool(new)
+    loops = [n.target for n in nodes if isinstance(n, _N.For) and _mentions(n.iter, lists)]
+    return lists | {t.name for loop in loops for t in ([loop] if isinstance(loop, _N.Name) else loop.find_all(_N.Name))}
+
+# %% ../nbs/11_tokenization.ipynb #0eb4e4bb
+def _parent_map(tree) -> dict:
+    "`id(node)` -> its parent, over the whole syntax tree."
+    out, todo = {}, [tree]
+    while todo:
+        node = todo.pop()
+        for child in node.iter_child_nodes():
+            out[id(child)] = node
+            todo.append(child)
+    return out
+
+# %% ../nbs/11_tokenization.ipynb #dda6ba2a
+UNFIXED = {"strftime_now", "random"}   # a template that reads the clock or draws a value writes no fixed skeleton
+UNKEYED = {"items", "values", "dictsort", "attr", "map", "selectattr", "rejectattr", "groupby", "sort", "unique"}
+
+def _unsure(nodes: list, parent: dict) -> bool:
+    "The template reads the clock or draws a value, walks a message's keys, or names 'content' any other way."
+    msgs = _message_names(nodes)
+    is_msg = lambda n: (isinstance(n, _N.Name) and n.name in msgs or isinstance(n, _N.Getitem) and is_msg(n.node)
+                        or isinstance(n, _N.Getattr) and n.attr in ("previtem", "nextitem"))
+    for n in nodes:
+        if isinstance(n, (_N.Name, _N.Filter)) and n.name in UNFIXED: return True
+        if isinstance(n, (_N.Filter, _N.Getattr)) and getattr(n, "name", getattr(n, "attr", None)) in UNKEYED \
+           and is_msg(n.node): return True
+        if isinstance(n, _N.Const) and n.value == "content" and not _is_content(parent.get(id(n))): return True
+    return False
+
+# %% ../nbs/11_tokenization.ipynb #9dadce5d
+def _carries(node, names: set) -> bool:
+    "`node` is a message's content, a name set from one, or a value made from such a value."
+    if _is_content(node) or isinstance(node, _N.Name) and node.ctx == "load" and node.name in names: return True
+    if isinstance(node, (_N.Add, _N.Concat)): return any(_carries(c, names) for c in node.iter_child_nodes())
+    if isinstance(node, _N.Filter): return _carries(node.node, names)
+    return isinstance(node, _N.CondExpr) and (_carries(node.expr1, names) or _carries(node.expr2, names))
+
+# %% ../nbs/11_tokenization.ipynb #bc996f48
+def _carried_names(nodes: list) -> set:
+    "The names set from a content, directly or through another such name."
+    names, grew = set(), True
+    while grew:
+        new = {n.target.name for n in nodes if isinstance(n, _N.Assign) and isinstance(n.target, _N.Name)
+               and _carries(n.node, names)} - names
+        names, grew = names | new, bool(new)
+    return names
+
+# %% ../nbs/11_tokenization.ipynb #dd00e50a
+TYPE_TESTS = {"string", "defined", "undefined", "none", "mapping", "sequence", "iterable"}  # constant on a string
+SHOWN_FILTERS = {"tojson", "trim", "upper", "lower", "capitalize", "title", "e", "escape", "string", "safe"}
+
+def _hands_on(node, up) -> bool:
+    "`up` hands the value of `node` on: joined, picked by an `if`-`else`, or through a filter the stand-ins show."
+    if isinstance(up, (_N.Add, _N.Concat)): return True
+    if isinstance(up, _N.CondExpr): return up.test is not node
+    if not isinstance(up, _N.Filter) or up.node is not node or up.name not in SHOWN_FILTERS: return False
+    return up.name == "tojson" or not (up.args or up.kwargs or up.dyn_args or up.dyn_kwargs)
+
+# %% ../nbs/11_tokenization.ipynb #5fabdabb
+def _captured(up, parent: dict) -> bool:
+    "Output under a macro, a filter block, a `set` block or a call block (other than the generation tag)."
+    while up is not None:
+        if isinstance(up, (_N.Macro, _N.FilterBlock, _N.AssignBlock)): return True
+        tag = getattr(getattr(up.call, "node", None), "name", None) if isinstance(up, _N.CallBlock) else "_body"
+        if tag != "_body": return True
+        up = parent.get(id(up))
+    return False
+
+# %% ../nbs/11_tokenization.ipynb #de403bae
+def _written_as_is(node, parent: dict) -> bool:
+    """The carried value at `node` only reaches the output: joined, through a filter that changes the stand-ins, into
+    a `set`, or under a type test; never in a condition, a loop, a call or a slice."""
+    up = parent.get(id(node))
+    while _hands_on(node, up): node, up = up, parent.get(id(up))
+    if isinstance(up, _N.Assign): return up.node is node and isinstance(up.target, _N.Name)
+    if isinstance(up, _N.Test): return up.node is node and up.name in TYPE_TESTS
+    return isinstance(up, _N.Output) and not _captured(up, parent)
+
+# %% ../nbs/11_tokenization.ipynb #964ac455
+def content_verbatim(template: str) -> bool:
+    "Whether `template` writes each message's content only as it is (see above); False when unsure."
+    try: tree = _parsed(template)
+    except Exception: return False
+    nodes, parent = list(tree.find_all(_N.Node)), _parent_map(tree)
+    if _unsure(nodes, parent): return False
+    names = _carried_names(nodes)
+    carriers = [n for n in nodes if _is_content(n) or isinstance(n, _N.Name) and n.ctx == "load" and n.name in names]
+    return all(_written_as_is(n, parent) for n in carriers)
+
+# %% ../nbs/11_tokenization.ipynb #21b207f1
+STAND_INS = (' \ue000{}"\\<&>\'aB\t\n\ue001 ', '\n\ue002{}{}ü数 "\\x" \ue003  ')   # what escapes, trims, cases alter
+
+def _split_at(text, marks: list):
+    "`text` cut at each of `marks` (each once, in order): the pieces between them, or None."
+    pieces = []
+    for m in marks:
+        head, sep, text = text.partition(m)
+        if not sep or m in text: return None
+        pieces.append(head)
+    return pieces + [text]
+
+# %% ../nbs/11_tokenization.ipynb #ec3a8e60
+@patch
+def _try(self: ChatRenderer, msgs, gen=False, tools=None):
+    "The rendered text, or None when the template refuses."
+    try: return self.render(msgs, gen, tools)
+    except ValueError: return None
+
+@patch
+def _skeleton(self: ChatRenderer, key: tuple):
+    "The pieces of text around the contents of a conversation with these roles (`key`: generation prompt, roles)."
+    cuts = []
+    for form in STAND_INS:
+        marks = [form.format(i, i) for i in range(len(key) - 1)]
+        text = self._try([{"role": r, "content": c} for r, c in zip(key[1:], marks)], key[0])
+        cuts.append(None if text is None else _split_at(text, marks))
+    return cuts[0] if cuts[0] is not None and cuts[0] == cuts[1] else None
+
+# %% ../nbs/11_tokenization.ipynb #a507fce6
+SKELETON_CHECKS = 2   # records of each role sequence also rendered by the template, and compared
+
+@patch
+def _joined(self: ChatRenderer, msgs: list, gen: bool):
+    "The text of a conversation of role-and-content messages joined from its skeleton (None: none for its roles)."
+    key = (gen, *[m["role"] for m in msgs])
+    if key not in self._skeletons: self._skeletons[key] = [self._skeleton(key), SKELETON_CHECKS]
+    sk = self._skeletons[key]
+    if sk[0] is None: return None
+    parts = [sk[0][0]]
+    for m, piece in zip(msgs, sk[0][1:]): parts += (m["content"], piece)
+    text = "".join(parts)
+    if len(text) > render_budget(msgs): return None                  # the template's own path says why
+    if not sk[1]: return text
+    sk[1] -= 1                                                       # one of the first: the template must agree
+    if self._try(msgs, gen) == text: return text
+    self.verbatim = False                                            # it does not: no more skeletons in this run
+    return None
+
+# %% ../nbs/11_tokenization.ipynb #7b774156
+@patch
+def _from_skeletons(self: ChatRenderer, items: list) -> list:
+    "Texts of the items whose messages are role and content only, joined from their skeletons; None for the others."
+    if self.verbatim is None: self.verbatim, self._skeletons = content_verbatim(self.template), {}
+    plain = lambda msgs, tools: self.verbatim and tools is None and type(msgs) is list and all(map(_two_texts, msgs))
+    return [self._joined(m, g) if plain(m, t) else None for m, g, t in items]
+
+def _two_texts(m) -> bool:
+    "`m` is a message of a role and a text content, nothing else."
+    return type(m) is dict and len(m) == 2 and type(m.get("role")) is str and type(m.get("content")) is str
+
+# %% ../nbs/11_tokenization.ipynb #6e317c70
 BATCH_SEP = "\x00\x1e\x00"
 BATCH_TEMPLATE = ("{% for messages, add_generation_prompt, tools in _unsloth_prep_batch %}"
                   "{% include _unsloth_prep_chat %}" + BATCH_SEP + "{% endfor %}")
 
 @patch
 def render_many(self: ChatRenderer, items: list, errors: bool = False) -> list:
-    "Rendered texts of `(messages, add_generation_prompt, tools)` items, in one template call."
+    "Rendered texts of `(messages, add_generation_prompt, tools)` items: from skeletons where exact, else the template."
+    out = self._from_skeletons(items)
+    todo = [k for k, t in enumerate(out) if t is None]
+    for k, t in zip(todo, self._template_renders([items[k] for k in todo], errors) if todo else []): out[k] = t
+    return out
+
+@patch
+def _template_renders(self: ChatRenderer, items: list, errors: bool = False) -> list:
+    "Rendered texts of the items by the template: in one template call (jinja2), or one by one (minijinja)."
     if len(items) > 1 and self.compiled.name != "minijinja":   # minijinja renders one by one, faster
         budget = sum(render_budget(m, t) for m, _, t in items)
         try:
@@ -213,13 +398,7 @@ def _prefix_of(p, text: str) -> bool:
     "`p` is a rendered text (not an error) that `text` starts with."
     return isinstance(p, str) and text.startswith(p)
 
-# %% ../nbs/11_tokenization.ipynb #86cf1789
-@patch
-def _try(self: ChatRenderer, msgs, gen=False, tools=None):
-    "The rendered text, or None when the template refuses."
-    try: return self.render(msgs, gen, tools)
-    except ValueError: return None
-
+# %% ../nbs/11_tokenization.ipynb #93dec8da
 @patch
 def _header(self: ChatRenderer, gen: str, text: str) -> str:
     "The part of the generation prompt `text` starts with, cut back to the end of a token of it."
