@@ -145,18 +145,23 @@ def _parsed(template: str):
     "The syntax tree of `template`, as the renderer reads it."
     return compile_template(template).environment.parse(template)
 
-# %% ../nbs/11_tokenization.ipynb #71fdf520
+# %% ../nbs/11_tokenization.ipynb #4c4b61bf
 def _mentions(node, names: set) -> bool:
     "`node` reads one of `names`."
     return isinstance(node, _N.Name) and node.name in names or any(n.name in names for n in node.find_all(_N.Name))
 
-def _message_names(nodes: list) -> set:
-    "The names that hold the messages or one of them: `messages`, names set from it, loop variables over them."
-    lists, grew = {"messages"}, True
+def _set_from(nodes: list, names: set, reads) -> set:
+    "`names` and every name a `set` gives a value `reads(value, names)` accepts, directly or through such a name."
+    grew = True
     while grew:
         new = {n.target.name for n in nodes if isinstance(n, _N.Assign) and isinstance(n.target, _N.Name)
-               and _mentions(n.node, lists)} - lists
-        lists, grew = lists | new, bool(new)
+               and reads(n.node, names)} - names
+        names, grew = names | new, bool(new)
+    return names
+
+def _message_names(nodes: list) -> set:
+    "The names that hold the messages or one of them: `messages`, names set from it, loop variables over them."
+    lists = _set_from(nodes, {"messages"}, _mentions)
     loops = [n.target for n in nodes if isinstance(n, _N.For) and _mentions(n.iter, lists)]
     return lists | {t.name for loop in loops for t in ([loop] if isinstance(loop, _N.Name) else loop.find_all(_N.Name))}
 
@@ -187,23 +192,17 @@ def _unsure(nodes: list, parent: dict) -> bool:
         if isinstance(n, _N.Const) and n.value == "content" and not _is_content(parent.get(id(n))): return True
     return False
 
-# %% ../nbs/11_tokenization.ipynb #9dadce5d
+# %% ../nbs/11_tokenization.ipynb #9c728b8f
+def _is_carrier(node, names: set) -> bool:
+    "`node` reads a message's content, or a name set from one (`names`)."
+    return _is_content(node) or isinstance(node, _N.Name) and node.ctx == "load" and node.name in names
+
 def _carries(node, names: set) -> bool:
     "`node` is a message's content, a name set from one, or a value made from such a value."
-    if _is_content(node) or isinstance(node, _N.Name) and node.ctx == "load" and node.name in names: return True
+    if _is_carrier(node, names): return True
     if isinstance(node, (_N.Add, _N.Concat)): return any(_carries(c, names) for c in node.iter_child_nodes())
     if isinstance(node, _N.Filter): return _carries(node.node, names)
     return isinstance(node, _N.CondExpr) and (_carries(node.expr1, names) or _carries(node.expr2, names))
-
-# %% ../nbs/11_tokenization.ipynb #bc996f48
-def _carried_names(nodes: list) -> set:
-    "The names set from a content, directly or through another such name."
-    names, grew = set(), True
-    while grew:
-        new = {n.target.name for n in nodes if isinstance(n, _N.Assign) and isinstance(n.target, _N.Name)
-               and _carries(n.node, names)} - names
-        names, grew = names | new, bool(new)
-    return names
 
 # %% ../nbs/11_tokenization.ipynb #dd00e50a
 TYPE_TESTS = {"string", "defined", "undefined", "none", "mapping", "sequence", "iterable"}  # constant on a string
@@ -236,16 +235,15 @@ def _written_as_is(node, parent: dict) -> bool:
     if isinstance(up, _N.Test): return up.node is node and up.name in TYPE_TESTS
     return isinstance(up, _N.Output) and not _captured(up, parent)
 
-# %% ../nbs/11_tokenization.ipynb #964ac455
+# %% ../nbs/11_tokenization.ipynb #f8c60686
 def content_verbatim(template: str) -> bool:
     "Whether `template` writes each message's content only as it is (see above); False when unsure."
     try: tree = _parsed(template)
     except Exception: return False
     nodes, parent = list(tree.find_all(_N.Node)), _parent_map(tree)
     if _unsure(nodes, parent): return False
-    names = _carried_names(nodes)
-    carriers = [n for n in nodes if _is_content(n) or isinstance(n, _N.Name) and n.ctx == "load" and n.name in names]
-    return all(_written_as_is(n, parent) for n in carriers)
+    names = _set_from(nodes, set(), _carries)                          # names set from a content
+    return all(_written_as_is(n, parent) for n in nodes if _is_carrier(n, names))
 
 # %% ../nbs/11_tokenization.ipynb #21b207f1
 STAND_INS = (' \ue000{}"\\<&>\'aB\t\n\ue001 ', '\n\ue002{}{}ü数 "\\x" \ue003  ')   # what escapes, trims, cases alter
