@@ -9,8 +9,8 @@ from . import __version__
 from .memory import fixed_mmap_threshold, lean_allocators, one_blas_thread, one_malloc_arena, own_peak_mb
 
 # %% auto #0
-__all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'DATA_COMMANDS', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser', 'one_line',
-           'peak_rss_mb', 'finish', 'Lines', 'own_stdout', 'Interrupted', 'main']
+__all__ = ['COMMANDS', 'ORDER', 'EPILOG', 'DATA_COMMANDS', 'MMAP_MB', 'HelpFormatter', 'Parser', 'top_parser', 'command_parser',
+           'one_line', 'peak_rss_mb', 'finish', 'Lines', 'own_stdout', 'Interrupted', 'main']
 
 # %% ../nbs/25_cli.ipynb #79d04305
 COMMANDS = {
@@ -135,7 +135,7 @@ def own_stdout(fn):
             _flush_quietly(out.stream)
     return run
 
-# %% ../nbs/25_cli.ipynb #30338b9a
+# %% ../nbs/25_cli.ipynb #7480d09d
 class Interrupted(KeyboardInterrupt):
     "Ctrl-C or SIGTERM: the command stops, its `finally` blocks clean up, and it exits 128 + the signal number."
     def __init__(self, code: int = 130): self.code = code
@@ -162,6 +162,7 @@ def _run_stage(name: str, main_fn, args, t0: float) -> int:
     return code
 
 DATA_COMMANDS = ("generate", "inspect", "convert", "stats", "prepare", "pack", "doctor")  # no torch, our batches
+MMAP_MB = {"convert": 2}  # MB from which a buffer is mapped on its own (`fixed_mmap_threshold`); 1 MB elsewhere
 
 @own_stdout
 def main(argv: list | None = None) -> int:
@@ -178,7 +179,7 @@ def main(argv: list | None = None) -> int:
         lean_allocators()                         # freed memory goes back to the system
         one_blas_thread()                         # no BLAS pool spinning on the cores the data work needs
         one_malloc_arena()                        # the threads reuse each other's freed memory
-        fixed_mmap_threshold()                    # large buffers go back when freed: flat with the input
+        fixed_mmap_threshold(MMAP_MB.get(name, 1) << 20)  # large buffers go back when freed: flat with the input
     parser, module, prefix = command_parser(name)
     args = parser.parse_args(rest)
     if threading.current_thread() is threading.main_thread(): signal.signal(signal.SIGTERM, _on_signal)

@@ -393,10 +393,10 @@ def task_columns(cols: dict, task: str) -> dict:
 
 EMPTY_COLUMNS = {k: f.columns for k, f in FORMS.items()}
 
-# %% ../nbs/14_preference.ipynb #63bc698d
+# %% ../nbs/14_preference.ipynb #d433aa35
 def prepare_preference(data, tokenizer, out, task: str = "auto", max_length: int | None = None,
                        max_prompt_length: int | None = None, template: str | None = None, mapping: dict | None = None,
-                       dataset_info=None, batch_size: int = 1000, on_error: str = "raise", rejects=None,
+                       dataset_info=None, batch_size: int = 256, on_error: str = "raise", rejects=None,
                        encoder: str = "auto") -> dict:
     "Stream preference examples -> tokenized columns of TRL's DPO/ORPO/KTO trainer -> Parquet at `out` (atomic)."
     t0 = time.perf_counter()

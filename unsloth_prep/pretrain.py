@@ -115,8 +115,8 @@ def iter_documents(data, text_field: str = "text", txt_mode: str = "file", on_er
             name = src["path"] if isinstance(src, dict) else src
             raise ValueError(f"{name}: not UTF-8 text ({e.reason})") from None
 
-# %% ../nbs/15_pretrain.ipynb #52c21433
-def _encode(docs: Iterable, tok, batch_size: int = 1000, lengths: LengthCounts | None = None) -> Iterator[tuple]:
+# %% ../nbs/15_pretrain.ipynb #af4d5789
+def _encode(docs: Iterable, tok, batch_size: int = 256, lengths: LengthCounts | None = None) -> Iterator[tuple]:
     "`(ids, offsets)` of each batch of document texts (no special tokens): int32 ids, int64 offsets; lengths kept."
     engine = tok if hasattr(tok, "encode_flat") else Encoder(tok, "tokenizers")  # a bare Rust tokenizer: the reference
     it = iter(docs)
@@ -254,7 +254,7 @@ def pretrain_report(stats: dict, lengths, block_size: int, **extra) -> dict:
             "labelled_tokens": stats.get("labelled_tokens", 0), "predicted_tokens": stats.get("predicted_tokens", 0),
             "doc_tokens": length_percentiles(lengths), **extra}
 
-# %% ../nbs/15_pretrain.ipynb #225253f4
+# %% ../nbs/15_pretrain.ipynb #0a6e92b3
 def _one_pass(docs, tok, eos: int, out, block_size: int, stride: int, keep_last: bool, batch_size: int) -> tuple:
     "Documents (`iter_documents`) tokenized and cut into blocks in one pass, into Parquet at `out`: (report, lengths)."
     stats, n = {}, LengthCounts()
@@ -264,7 +264,7 @@ def _one_pass(docs, tok, eos: int, out, block_size: int, stride: int, keep_last:
 
 def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str = "text", keep_last: bool = False,
                      stride: int = 0, txt_mode: str = "file", on_error: str = "raise", rejects=None,
-                     batch_size: int = 1000, encoder: str = "auto") -> dict:
+                     batch_size: int = 256, encoder: str = "auto") -> dict:
     "Text documents -> token ids + EOS -> blocks with per-document position ids -> Parquet at `out` (atomic)."
     _check_blocks(block_size, stride)
     tok, eos = _text_engine(tokenizer_dir, encoder)
@@ -276,9 +276,9 @@ def prepare_pretrain(data, tokenizer_dir, out, block_size: int, text_field: str 
     return {**report, "empty_docs": counts["empty_docs"], "rejected": rej.count, "rejected_lines": rej.lines[:20],
             "out": str(out), "encoder": tok.name, "seconds": round(time.perf_counter() - t0, 3)}
 
-# %% ../nbs/15_pretrain.ipynb #99e385c1
+# %% ../nbs/15_pretrain.ipynb #93a6ba74
 def tokenize_documents(data, tokenizer, out, text_field: str = "text", txt_mode: str = "file",
-                       on_error: str = "raise", rejects=None, batch_size: int = 1000, encoder: str = "auto") -> dict:
+                       on_error: str = "raise", rejects=None, batch_size: int = 256, encoder: str = "auto") -> dict:
     "Token ids of every document of `data` (files, or one shard spec), one row each, into Parquet at `out`."
     import pyarrow as pa
     if isinstance(tokenizer, Encoder): rust = tokenizer

@@ -35,7 +35,7 @@ def declare(name: str, *flags, **kw) -> Option:
     OPTIONS[name] = opt
     return opt
 
-# %% ../nbs/06_steps.ipynb #a34b45c6
+# %% ../nbs/06_steps.ipynb #7036730c
 ON_ERROR, ENGINES = ("raise", "skip"), ("local", "ray")
 _COMMON = dict(
     tokenizer=dict(help="tokenizer (or model / processor) folder, or a Hub name; required"),
@@ -48,7 +48,7 @@ _COMMON = dict(
     on_error=dict(default="raise", choices=ON_ERROR, help="malformed records: stop, or skip and keep them"),
     strict=dict(flag=True, default=False, help="stop on any loss: malformed records, or parts a template drops"),
     rejects=dict(help="rejected records as JSON Lines (default: OUT/rejects.jsonl)"),
-    batch_size=dict(parse=positive_int, default=1000, help="records per batch (memory grows with it)"),
+    batch_size=dict(parse=positive_int, default=256, help="records per batch (memory grows with it)"),
     workers=dict(parse=positive_int, default=1, help="worker processes (Ray actors with --engine ray)"),
     shards=dict(parse=positive_int, help="pieces of work the input is cut into (default: a few per worker)"),
     engine=dict(default="local", choices=ENGINES, help="local processes, or Ray Data (RAY_ADDRESS when set)"),
