@@ -51,6 +51,9 @@ def test_workers_give_the_single_process_rows(data, tmp_path, task):
     assert one["rows"] > 0 and one["records"] == two["records"] and one["rows"] == two["rows"]
     assert digest(task, tmp_path / "one") == digest(task, two["out"])
     assert two["workers"] == 2 and one["task"] == two["task"] == task
+    how = {"seconds", "peak_rss_mb", "worker_peak_rss_mb", "publish_seconds", "workers", "shards"}  # not the rows'
+    same = {k for k, v in one.items() if isinstance(v, (int, float, str)) and k not in how | {"out", "rejects"}}
+    assert {k: one[k] for k in same} == {k: two.get(k) for k in same}   # no value is added up that is not a count
     settings = settings_of(tmp_path / "one")
     assert settings["task"] == task and settings["max_seq_length"] == 256
 

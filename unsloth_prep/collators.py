@@ -929,11 +929,11 @@ def pack_args(parser) -> None:
                                              "OUT/rejects.parquet (default), raise (stop), or split ('error' is the "
                                              "older spelling of raise)")
 
-# %% ../nbs/09_collators.ipynb #a826ca90
+# %% ../nbs/09_collators.ipynb #7158a451
 def pack_main(args) -> dict:
     "`unsloth-prep pack`: prepared rows packed into full rows, written as an output of this tool; the summary."
     from unsloth_prep.outputs import check_output
-    from unsloth_prep.parallel import Digests, identity, plan_work, run_build
+    from unsloth_prep.parallel import plan_work, run_build
     from unsloth_prep.steps import STEPS, make_options
     on = "raise" if args.on_overflow == "error" else args.on_overflow
     opts = make_options({"out": args.out or args.dst, "max_seq_length": args.max_seq_length, "on_overflow": on,
@@ -943,11 +943,8 @@ def pack_main(args) -> dict:
     step.check(opts)
     out = check_output(opts.out, [args.src, *files], opts.overwrite)
     clean_dead(out)
-    digests = Digests()
-    m = run_build(step, lambda b: {"sides": {"train": plan_work(files, 1)}}, opts, out,
-                  identity(step, opts, files, digests),
-                  {"command": "pack", "step": "pack", "settings": {**_packed_settings(args.src, opts.max_seq_length)}},
-                  digests)
+    m = run_build(step, lambda b: {"sides": {"train": plan_work(files, 1)}}, opts, out, files,
+                  {"command": "pack", "step": "pack", "settings": {**_packed_settings(args.src, opts.max_seq_length)}})
     return _pack_report(m, out, opts)
 
 # %% ../nbs/09_collators.ipynb #ef14b526

@@ -536,20 +536,20 @@ def _finish_split(step: Step, split: str, summaries: list, opts: Options, build)
     entry = {"rows": 0, **info, "files": _name_files(build, split, files)}
     return {**entry, "rows": sum(f["rows"] for f in entry["files"])}
 
-# %% ../nbs/07_scale.ipynb #2f48304a
+# %% ../nbs/07_scale.ipynb #c35b768d
 def identity(step: Step, opts: Options, files: list, digests: Digests | None = None) -> str:
     "The identity of a run: its key and the bytes of its input files."
     digests = digests if digests is not None else Digests()
     return digest([run_key(step, opts), [digests[str(f)] for f in files]])
 
-def run_build(step: Step, plan, opts: Options, out, ident: str, manifest: dict | None = None,
-              digests: Digests | None = None) -> dict:
+def run_build(step: Step, plan, opts: Options, out, files: list, manifest: dict | None = None,
+              given: Options | None = None) -> dict:
     """Build `out` with `step` over the shards `plan(build)` gives (`{"sides": {split: shards}}`, optional "info"
-    for the manifest and a "rejects" file to put first); the manifest (reused shards counted). `ident`: the run's
-    identity (`identity(...)`): an output already complete with it is returned as it is. `digests`: the ones that
-    made `ident`, so that each input is read once."""
-    out, t0 = location(out), time.perf_counter()
-    digests = digests if digests is not None else Digests()
+    for the manifest and a "rejects" file to put first); the manifest (reused shards counted). The run's identity is
+    made of the options (`given`, default `opts`) and the bytes of the input `files`, each read once for it and for the
+    jobs' keys: an output already complete with it is returned as it is."""
+    out, t0, digests = location(out), time.perf_counter(), Digests()
+    ident = identity(step, given or opts, files, digests)
     build = build_dir(out)
     with hold(build, out):
         done = read_manifest(out)

@@ -10,8 +10,8 @@ from typing import Any, Callable
 from .base import fraction, nonneg_int, positive_int
 
 # %% auto #0
-__all__ = ['OPTIONS', 'ON_ERROR', 'ENGINES', 'STEPS', 'Option', 'declare', 'Options', 'option_name', 'make_options', 'Step',
-           'register', 'get_step', 'detect_step', 'takes', 'for_step']
+__all__ = ['OPTIONS', 'ON_ERROR', 'ENGINES', 'BATCH_RECORDS', 'STEPS', 'Option', 'declare', 'Options', 'option_name',
+           'make_options', 'Step', 'register', 'get_step', 'detect_step', 'takes', 'for_step']
 
 # %% ../nbs/06_steps.ipynb #d322eac9
 @dataclass(frozen=True)
@@ -35,8 +35,9 @@ def declare(name: str, *flags, **kw) -> Option:
     OPTIONS[name] = opt
     return opt
 
-# %% ../nbs/06_steps.ipynb #7036730c
+# %% ../nbs/06_steps.ipynb #3a3fa71b
 ON_ERROR, ENGINES = ("raise", "skip"), ("local", "ray")
+BATCH_RECORDS = 256   # records per batch: the default of `--batch-size` and of the tasks' own functions
 _COMMON = dict(
     tokenizer=dict(help="tokenizer (or model / processor) folder, or a Hub name; required"),
     format=dict(default="auto", help="record format: auto, alpaca, sharegpt, openai, ..."),
@@ -48,7 +49,7 @@ _COMMON = dict(
     on_error=dict(default="raise", choices=ON_ERROR, help="malformed records: stop, or skip and keep them"),
     strict=dict(flag=True, default=False, help="stop on any loss: malformed records, or parts a template drops"),
     rejects=dict(help="rejected records as JSON Lines (default: OUT/rejects.jsonl)"),
-    batch_size=dict(parse=positive_int, default=256, help="records per batch (memory grows with it)"),
+    batch_size=dict(parse=positive_int, default=BATCH_RECORDS, help="records per batch (memory grows with it)"),
     workers=dict(parse=positive_int, default=1, help="worker processes (Ray actors with --engine ray)"),
     shards=dict(parse=positive_int, help="pieces of work the input is cut into (default: a few per worker)"),
     engine=dict(default="local", choices=ENGINES, help="local processes, or Ray Data (RAY_ADDRESS when set)"),
