@@ -760,7 +760,7 @@ def load_parquet(path, streaming: bool = False, cache_dir=None):
     return load_dataset("parquet", data_files=parquet_files(path), split="train", streaming=streaming,
                         cache_dir=cache_dir)
 
-# %% ../nbs/08_convert.ipynb #c3cfff2e
+# %% ../nbs/08_convert.ipynb #1c782266
 from fastcore.basics import patch
 from .base import positive_float, positive_int
 from .steps import Step, declare, register
@@ -789,7 +789,7 @@ def _join_files(files: list, dst) -> None:
                 with open(f, "rb") as src: shutil.copyfileobj(src, out)
                 os.remove(f)
 
-# %% ../nbs/08_convert.ipynb #9b7b6208
+# %% ../nbs/08_convert.ipynb #04624895
 from concurrent.futures import ThreadPoolExecutor, wait
 from unsloth_prep.loading import cut_jsonl
 THREAD_MB = 8                # a piece is cut for threads only where each thread gets at least this much input
@@ -804,7 +804,6 @@ def _for_threads(p: dict, n: int, min_mb: float = THREAD_MB) -> list:
     if n < 2 or p.get("kind") != "jsonl" or compression_of(p["path"]): return [p]
     size = (file_size(p["path"]) if p["end"] is None else p["end"]) - p["start"]
     return cut_jsonl(p, min(n, int(size // (min_mb * MB))))
-
 
 # %% ../nbs/08_convert.ipynb #91798290
 class _Stopped(Exception): "An earlier piece of the same job failed, or the command was stopped: this one ends early."
@@ -837,12 +836,12 @@ def _convert_pieces(pieces: list, job: dict, threads: int, report=None) -> list:
     if errors: raise errors[0]
     return [f.result() for f in futs]
 
-# %% ../nbs/08_convert.ipynb #c6bce9f5
+# %% ../nbs/08_convert.ipynb #1df1b4e7
 class ConvertStep(Step):
     "Raw JSON records to Parquet: a table with the input's own columns, bad lines kept in the rejects."
     name, command, columns = "convert", "convert", ()
     options = ("syntax", "compression", "compression_level", "batch_rows", "row_group_mb", "block_mb", "rows_per_file")
-    sums = ("rows", "rejected", "blank", "lines", "input_bytes", "blocks", "slow_blocks")
+    sums = ("rows", "rejected", "blank", "lines", "input_bytes", "blocks", "slow_blocks", "coerced")
 
     def check(self, opts):
         "The codec and its level, refused before anything is read or written."
@@ -851,27 +850,19 @@ class ConvertStep(Step):
     def run(self, job: dict, state=None, report=None) -> dict:
         """Convert each piece of one shard into its own Parquet file(s), a big JSONL piece cut into ranges that this
         process's threads convert side by side; the counts summed."""
+        from unsloth_prep.parallel import totals       # the command's executor has it loaded; `convert` alone does not
         n = _threads(job["opts"])
         pieces = [q for p in job["spec"]["parts"] for q in _for_threads(p, n)]
         got = _convert_pieces(pieces, job, n, report)
         files = [f for r in got for f in r["files"]]
         _join_files([f"{job['rejects']}.{k}" for k in range(len(pieces))], job["rejects"])
-        s = {k: sum(r[k] for r in got) for k in ("rows", "rejected", "blank", "lines", "input_bytes", "blocks",
-                                                  "slow_blocks")}
-        return {**s, "files": files, "coerced": _summed(r["coerced"] for r in got),
+        return {**totals(got, self.sums), "files": files,
                 "json_text_fields": sorted({f for r in got for f in r["json_text_fields"]}),
                 "first_rejected_lines": [n for r in got for n in r["first_rejected_lines"]][:20],
                 "format": got[0]["format"],
                 "rejects": [{"line": n} for r in got for n in r["first_rejected_lines"]][:20]}
 
-def _summed(dicts) -> dict:
-    "Counts of several dicts added per key."
-    out = {}
-    for d in dicts:
-        for k, v in d.items(): out[k] = out.get(k, 0) + v
-    return out
-
-# %% ../nbs/08_convert.ipynb #1954cdda
+# %% ../nbs/08_convert.ipynb #1f99f46f
 def _common_schema(files: list, text_fields: set):
     "The parts' schemas merged in input order with the drift rule."
     schema = None
@@ -895,8 +886,9 @@ def _conform_file(path, schema, text_fields: set, coerced: dict, o):
 @patch
 def finish(self: ConvertStep, parts: list, build, split: str, opts, summaries=None):
     "The parts on one schema (input order, drift rule); the coercions and the columns."
+    from unsloth_prep.parallel import totals
     text_fields = set().union(*(s["json_text_fields"] for s in summaries))
-    coerced = _summed(s["coerced"] for s in summaries)
+    coerced = totals([s["coerced"] for s in summaries])
     schema = _common_schema(parts, text_fields)
     for p in parts: _conform_file(p, schema, text_fields, coerced, opts)
     return parts, {"coerced": coerced, "json_text_fields": sorted(text_fields),

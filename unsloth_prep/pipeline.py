@@ -183,7 +183,7 @@ def split_plan(step, files: list, opts: Options):
                 "rejects": join(build, "_split.rejects.jsonl")}
     return plan
 
-# %% ../nbs/18_pipeline.ipynb #7af5270b
+# %% ../nbs/18_pipeline.ipynb #3ed60b7b
 def settings_of(step, opts: Options) -> dict:
     "What an output records about how it was made (what `train` compares with its config)."
     keep = ("tokenizer", "template", "max_seq_length", "train_on", "format", "mapping", "encoder", "block_size")
@@ -206,26 +206,24 @@ def run_prepare(data, opts: Options, step, config=None) -> dict:
     with track("prepare", interval=0.1) as mem:
         m = run_build(step, plan, step.normal(opts) if split else opts, out, files,
                       {"command": "prepare", "step": step.name, "settings": settings_of(step, opts)}, opts)
-    return {**summary_of(m, out, opts), "peak_rss_mb": round(max(mem.peak_mb, own_peak_mb()), 1)}
+    return {**summary_of(m, out, opts, step), "peak_rss_mb": round(max(mem.peak_mb, own_peak_mb()), 1)}
 
-# %% ../nbs/18_pipeline.ipynb #ace68132
-def _counts(shards: list, split: str) -> dict:
-    "The counts of one split's shards, summed."
-    return totals([{k: v for k, v in s.items() if k not in ("worker", "index", "seconds")} for s in shards
-                   if s.get("split") == split])
+# %% ../nbs/18_pipeline.ipynb #c16bd3a2
+def _counts(m: dict, split: str, step) -> dict:
+    "The counts `step` declares (`step.sums`) added up over one split's shards, then the split's own figures."
+    s = totals([x for x in m["shards"] if x.get("split") == split], step.sums)
+    return {**s, **{k: v for k, v in m["splits"][split].items() if k != "files"}}
 
-def summary_of(m: dict, out: Path, opts: Options) -> dict:
-    "The summary of a prepared output from its manifest."
-    s = _counts(m["shards"], "train")
-    s.update({k: v for k, v in m["splits"]["train"].items() if k != "files"})
+def summary_of(m: dict, out: Path, opts: Options, step) -> dict:
+    "The summary of an output `step` made, from its manifest."
+    s = _counts(m, "train", step)
     s.update(task=m["step"], out=str(out), layout="hub", splits={k: v["rows"] for k, v in m["splits"].items()},
              files=[str(join(out, f["path"])) for sp in m["splits"].values() for f in sp["files"]], engine=opts.engine,
              workers=opts.workers, shards=sum(1 for x in m["shards"] if x.get("split") == "train"),
              reused_shards=m.get("reused_shards", 0), up_to_date=bool(m.get("up_to_date")),
              publish_seconds=m.get("publish_seconds"))
     if "validation" in m["splits"]:
-        s["eval"] = {**_counts(m["shards"], "validation"),
-                     **{k: v for k, v in m["splits"]["validation"].items() if k != "files"}}
+        s["eval"] = _counts(m, "validation", step)
     if m.get("split"): s.update(split=m["split"], rejected=s.get("rejected", 0) + m["split"]["rejected"])
     rej = m.get("rejects")
     peaks = [x["worker"]["peak_rss_mb"] for x in m["shards"] if x.get("worker")]
@@ -301,7 +299,7 @@ def stats_main(args) -> dict:
         s["plot"] = str(args.plot)
     return s
 
-# %% ../nbs/18_pipeline.ipynb #849d2175
+# %% ../nbs/18_pipeline.ipynb #4b5b6fe7
 def convert_args(p):
     "Arguments of `unsloth-prep convert`."
     p.add_argument("src", help="JSONL (optionally .gz/.bz2/.xz/.zst) or JSON array file")
@@ -323,12 +321,12 @@ def convert_main(args) -> dict:
     files = resolve_files(args.src)
     plan = lambda b: {"sides": {"train": work(files, opts)}}
     m = run_build(step, plan, opts, out, files, {"command": "convert", "step": "convert"})
-    return _convert_report(m, out, opts)
+    return _convert_report(m, out, opts, step)
 
-# %% ../nbs/18_pipeline.ipynb #7ca5cd7c
-def _convert_report(m: dict, out: Path, opts: Options) -> dict:
+# %% ../nbs/18_pipeline.ipynb #b5d4f6f4
+def _convert_report(m: dict, out: Path, opts: Options, step) -> dict:
     "The summary of a conversion, and its readable lines."
-    s = summary_of(m, out, opts)
+    s = summary_of(m, out, opts, step)
     size = s.get("input_bytes") or 0
     s.update(output=s["out"], mb_per_s=round(size / 1e6 / max(m.get("seconds") or 1e-9, 1e-9), 1),
              format=next((x["format"] for x in m["shards"] if x.get("format")), None),

@@ -546,7 +546,7 @@ def check_preference(data, tokenizer=None, max_length: int | None = None, max_pr
     scan = scan_preference(data, tokenizer, max_length, max_prompt_length, task, mapping, dataset_info)
     return run_checks(Context(tok=tokenizer, max_seq_length=max_length, info={"preference": scan}), PREFERENCE_CHECKS)
 
-# %% ../nbs/14_preference.ipynb #28c06b76
+# %% ../nbs/14_preference.ipynb #ef243526
 from .steps import Step, declare, register
 from .tokenization import tokenizer_identity
 from .base import positive_int
@@ -557,7 +557,8 @@ declare("verify", flag=True, default=False, help="prove every written pair again
 class PairStep(Step):
     "Preference examples in the columns of TRL's DPO, ORPO or KTO trainer."
     trainer, options = "preference", ("template", "max_prompt_length", "verify")
-    sums = ("records", "rows", "rejected", "dropped", "truncated", "prompt_tokens_cut")
+    sums = ("records", "examples", "rows", "rejected", "dropped", "dropped_reasons", "truncated", "prompt_tokens_cut",
+            "verified_rows")
 
     def __init__(self, name: str, priority: int = 10):
         self.name, self.priority, self.columns = name, priority, EMPTY_COLUMNS[name]

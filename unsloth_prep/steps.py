@@ -131,13 +131,13 @@ def make_options(values: dict, source: str = "python") -> Options:
     defaults = {n: o.default for n, o in OPTIONS.items()}
     return Options({**defaults, **given}, given)
 
-# %% ../nbs/06_steps.ipynb #619eac5f
+# %% ../nbs/06_steps.ipynb #d5ac6595
 class Step:
     "One kind of work the executor runs on shards; a task is one registered instance."
     name: str = ""
     options: tuple = ()                        # option names it takes besides the common ones
     columns: tuple = ("input_ids", "labels")   # the columns that identify its rows
-    sums: tuple = ("records", "rows", "rejected")  # shard counts the run adds up
+    sums: tuple = ("records", "rows", "rejected")  # every count a shard reports: the run adds these up, only these
     trainer: str | None = None                 # what `train` runs on its rows
     collator: str | None = None                # the collator your own trainer needs for its rows (prepare's hint)
     priority: int = 50                         # `--task auto` asks lower numbers first

@@ -1454,8 +1454,9 @@ def plot_lengths(stats: LengthStats, summary: dict | None = None, bins: int = 60
     fig.tight_layout()
     return fig
 
-# %% ../nbs/11_tokenization.ipynb #3d903269
-def iter_batches(data, batch_size: int = 256, fmt: str = "auto", on_error: str = "raise",
+# %% ../nbs/11_tokenization.ipynb #a6db0134
+from .steps import BATCH_RECORDS
+def iter_batches(data, batch_size: int = BATCH_RECORDS, fmt: str = "auto", on_error: str = "raise",
                  rejects=None) -> Iterator[list[dict]]:
     "Lists of conversation records from files (`loading`'s plain readers), a Hub name, a dataset or an iterable."
     from itertools import islice
@@ -1531,9 +1532,9 @@ def report_lost(counts: TokenizeCounts, data=None) -> str | None:
     print(line, file=sys.stderr)
     return line
 
-# %% ../nbs/11_tokenization.ipynb #bd530d9c
+# %% ../nbs/11_tokenization.ipynb #61b26c95
 def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_length: int | None = None,
-            on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = 256, fmt: str = "auto",
+            on_overflow: str = "truncate", chars_per_token: int = 8, batch_size: int = BATCH_RECORDS, fmt: str = "auto",
             on_error: str = "raise", on_batch: Callable[[dict], dict] | None = None,
             progress: bool | None = False, metadata: dict | None = None, rejects=None) -> dict:
     "Stream conversations -> tokenize + mask -> Parquet at `out` (written to a temp file, renamed when complete)."
@@ -1558,7 +1559,7 @@ def prepare(data, tokenizer, out, train_on: str = "all-assistant", max_seq_lengt
             "lost_parts": dict(c.lost_parts), "template_family": ct.renderer.family, "turns_located": dict(c.located),
             "seconds": round(time.perf_counter() - t0, 3)}
 
-def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: int = 256, fmt: str = "auto",
+def collect_stats(data, tokenizer, train_on: str = "all-assistant", batch_size: int = BATCH_RECORDS, fmt: str = "auto",
                   on_error: str = "raise", progress: bool | None = False) -> tuple[LengthStats, TokenizeCounts, int]:
     "One streaming pass: tokenize + mask every conversation (no truncation) and accumulate length statistics."
     from unsloth_prep.loading import Rejects
@@ -1629,12 +1630,14 @@ def conversation_records(spec: dict, opts, rejects, report=None):
             continue
         yield (path, n, unit), rec
 
-# %% ../nbs/11_tokenization.ipynb #9c448564
+# %% ../nbs/11_tokenization.ipynb #67948c33
 class ChatStep(Step):
     "Chat rows: conversations rendered with the chat template, tokenized, labels on the trained turns."
     name, trainer, priority, collator = "sft", "sft", 90, "PaddingCollator"
     options = ("template", "train_on", "on_overflow", "chars_per_token", "pack", "drop_images")
-    sums = ("records", "rows", "rejected", "dropped", "truncated", "tokens", "trainable_tokens")
+    sums = ("records", "rows", "rejected", "dropped", "truncated", "pretruncated", "tokens", "trainable_tokens",
+            "trainable_lost", "empty_turns", "dropped_reasons", "reference_rows", "lost_parts", "turns_located",
+            "images_dropped")
 
     def detect(self, record, mapping=None): return True          # what is not pairs or text is a conversation
     def identity(self, opts): return tokenizer_identity(opts.tokenizer, opts.template)
