@@ -8,7 +8,7 @@ import pytest
 from clitools import last_json, read_rows, run as _run
 from unsloth_prep.fixtures import iter_pairs, tiny_model, write_corpus, write_records
 from unsloth_prep.outputs import REJECTS, build_dir, data_files, read_manifest, settings_of
-from unsloth_prep.parallel import rows_digest, totals
+from unsloth_prep.parallel import rows_digest, shard_counts, undeclared
 from unsloth_prep.pipeline import STEPS, load_tasks
 
 TASKS = ("sft", "dpo", "kto", "pretrain")
@@ -56,11 +56,9 @@ def test_workers_give_the_single_process_rows(data, tmp_path, task):
     same = {k for k, v in one.items() if isinstance(v, (int, float, str)) and k not in how | {"out", "rejects"}}
     assert {k: one[k] for k in same} == {k: two.get(k) for k in same}   # no value is added up that is not a count
     m = read_manifest(two["out"])
-    not_figures = ("index", "seconds", "worker")
-    figures = set(totals([{k: v for k, v in x.items() if k not in not_figures} for x in m["shards"]]))
     load_tasks()
-    lost = figures - set(STEPS[task].sums) - set(m["splits"]["train"])   # neither added up nor the split's own
-    assert not lost, lost
+    assert not undeclared(STEPS[task], m["shards"], m["splits"])     # each count is added up or the split's own
+    figures = set(shard_counts(m["shards"]))
     assert {k: one.get(k) for k in figures} == {k: two.get(k) for k in figures}
     settings = settings_of(tmp_path / "one")
     assert settings["task"] == task and settings["max_seq_length"] == 256
