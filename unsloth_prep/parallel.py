@@ -545,19 +545,19 @@ def _finish_split(step: Step, split: str, summaries: list, opts: Options, build)
     entry = {"rows": 0, **info, "files": _name_files(build, split, files)}
     return {**entry, "rows": sum(f["rows"] for f in entry["files"])}
 
-# %% ../nbs/07_scale.ipynb #c35b768d
+# %% ../nbs/07_scale.ipynb #a2fcaa1f
 def identity(step: Step, opts: Options, files: list, digests: Digests | None = None) -> str:
     "The identity of a run: its key and the bytes of its input files."
     digests = digests if digests is not None else Digests()
     return digest([run_key(step, opts), [digests[str(f)] for f in files]])
 
 def run_build(step: Step, plan, opts: Options, out, files: list, manifest: dict | None = None,
-              given: Options | None = None) -> dict:
+              given: Options | None = None, digests: Digests | None = None) -> dict:
     """Build `out` with `step` over the shards `plan(build)` gives (`{"sides": {split: shards}}`, optional "info"
     for the manifest and a "rejects" file to put first); the manifest (reused shards counted). The run's identity is
     made of the options (`given`, default `opts`) and the bytes of the input `files`, each read once for it and for the
-    jobs' keys: an output already complete with it is returned as it is."""
-    out, t0, digests = location(out), time.perf_counter(), Digests()
+    jobs' keys (`digests`: those a caller made already): an output already complete with it is returned as it is."""
+    out, t0, digests = location(out), time.perf_counter(), Digests() if digests is None else digests
     ident = identity(step, given or opts, files, digests)
     build = build_dir(out)
     with hold(build, out):

@@ -183,15 +183,15 @@ def split_plan(step, files: list, opts: Options):
                 "rejects": join(build, "_split.rejects.jsonl")}
     return plan
 
-# %% ../nbs/18_pipeline.ipynb #3ed60b7b
+# %% ../nbs/18_pipeline.ipynb #64c4c1b6
 def settings_of(step, opts: Options) -> dict:
     "What an output records about how it was made (what `train` compares with its config)."
     keep = ("tokenizer", "template", "max_seq_length", "train_on", "format", "mapping", "encoder", "block_size")
     s = {k: getattr(opts, k, None) for k in keep}
     return {**s, "task": step.name, "tokenizer_identity": step.identity(opts), "packed": bool(getattr(opts, "pack", 0))}
 
-def run_prepare(data, opts: Options, step, config=None) -> dict:
-    "Prepare `data` with `step` into `opts.out` (the Hub's layout); the summary."
+def run_prepare(data, opts: Options, step, config=None, digests=None) -> dict:
+    "Prepare `data` with `step` into `opts.out` (the Hub's layout); the summary (`digests`: of files hashed already)."
     if not data or not opts.out or not opts.tokenizer:
         raise ValueError("prepare needs DATA, --out and --tokenizer (on the command line or from --config)")
     data, opts = resolve_data(data, opts)
@@ -205,7 +205,7 @@ def run_prepare(data, opts: Options, step, config=None) -> dict:
     plan = split_plan(step, files, opts) if split else lambda b: {"sides": {"train": work(files, opts)}}
     with track("prepare", interval=0.1) as mem:
         m = run_build(step, plan, step.normal(opts) if split else opts, out, files,
-                      {"command": "prepare", "step": step.name, "settings": settings_of(step, opts)}, opts)
+                      {"command": "prepare", "step": step.name, "settings": settings_of(step, opts)}, opts, digests)
     return {**summary_of(m, out, opts, step), "peak_rss_mb": round(max(mem.peak_mb, own_peak_mb()), 1)}
 
 # %% ../nbs/18_pipeline.ipynb #c16bd3a2
