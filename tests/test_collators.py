@@ -8,7 +8,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from unsloth_prep.base import TOKEN_PARQUET, dictionary_paths  # what ParquetSink writes
+from unsloth_prep.base import TOKEN_PARQUET, sink_options  # what ParquetSink writes
 from unsloth_prep.collators import (IGNORE_INDEX, PackedCollator, PaddingCollator, chunk_blocks, pack_dataset, pack_lengths,
                                     pack_parquet, pack_stream, pack_table, waste_report)
 
@@ -252,7 +252,7 @@ def test_pack_parquet_bounded_same_bytes_as_memory(tmp_path, overflow):
     packed, ref = pack_table(table, 300, overflow=overflow)
     settings = json.dumps({"packed": True, "max_seq_length": 300}).encode()   # what pack records (no prepare settings)
     pq.write_table(packed.replace_schema_metadata({b"unsloth_prep": settings}), tmp_path / "memory.parquet",
-                   row_group_size=16, **{**TOKEN_PARQUET, "use_dictionary": dictionary_paths(packed.schema)})
+                   row_group_size=16, **sink_options(packed.schema, TOKEN_PARQUET))
     assert (tmp_path / "bounded.parquet").read_bytes() == (tmp_path / "memory.parquet").read_bytes()
     assert {k: st[k] for k in ref} == ref
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []    # no run files left

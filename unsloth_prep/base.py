@@ -12,10 +12,10 @@ import orjson
 MANIFEST = "_manifest.json"  # a leading "_": Parquet dataset readers skip it when reading the folder
 
 # %% auto #0
-__all__ = ['MANIFEST', 'CLOUD_EXTRA', 'positive_int', 'nonneg_int', 'positive_float', 'TOKEN_PARQUET', 'PLAIN_COLUMNS',
+__all__ = ['MANIFEST', 'CLOUD_EXTRA', 'positive_int', 'nonneg_int', 'positive_float', 'PLAIN_COLUMNS', 'TOKEN_PARQUET',
            'atomic_path', 'clean_dead', 'default_rejects_path', 'check_paths', 'is_url', 'url_fs', 'fraction',
            'bytes_read', 'Progress', 'input_bytes', 'progress_iter', 'progress_args', 'round_up', 'record_key',
-           'ParquetSink', 'dictionary_paths']
+           'dictionary_paths', 'sink_options', 'ParquetSink']
 
 # %% ../nbs/02_base.ipynb #519b6d9a
 @contextmanager
@@ -226,7 +226,28 @@ def record_key(obj) -> int:
     data = orjson.dumps(obj, option=orjson.OPT_SORT_KEYS, default=str)
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
-# %% ../nbs/02_base.ipynb #8d412451
+# %% ../nbs/02_base.ipynb #b22ffbc8
+PLAIN_COLUMNS = ("attention_mask", "position_ids")  # ones, counts from 0: plainly encoded as small, written faster
+
+def dictionary_paths(schema, plain=PLAIN_COLUMNS) -> list[str]:
+    "The Parquet paths of the leaf columns of `schema` but those of the fields `plain` (a list's: `name.list.element`)."
+    import pyarrow as pa
+    out, todo = [], [(f.name, f.type) for f in schema if f.name not in plain]
+    while todo:
+        name, t = todo.pop()
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            todo.append((f"{name}.list.element", t.value_type))
+        elif pa.types.is_struct(t): todo += [(f"{name}.{f.name}", f.type) for f in t]
+        elif pa.types.is_map(t): todo += [(f"{name}.key_value.{k}", v) for k, v in (("key", t.key_type),
+                                                                                     ("value", t.item_type))]
+        else: out.append(name)
+    return out
+
+def sink_options(schema, kw: dict) -> dict:
+    "The `ParquetWriter` keywords `ParquetSink` gives `schema` for `kw`: `use_dictionary=True` is `dictionary_paths`."
+    return {**kw, "use_dictionary": dictionary_paths(schema)} if kw.get("use_dictionary") is True else kw
+
+# %% ../nbs/02_base.ipynb #4ab2e8f2
 class ParquetSink:
     """Stream pyarrow tables into one Parquet file at `path`, atomically; `empty`: schema of an empty output.
     Each table is written by one background thread while the caller makes the next one (one table in flight).
@@ -241,9 +262,7 @@ class ParquetSink:
             schema = schema.with_metadata(meta)
         import pyarrow as pa, pyarrow.parquet as pq
         pool = pa.system_memory_pool()    # freed pages go back to the system (Arrow's default pool keeps them)
-        kw = self.kw
-        if kw.get("use_dictionary") is True: kw = {**kw, "use_dictionary": dictionary_paths(schema)}
-        self.writer = pq.ParquetWriter(self.tmp, schema, memory_pool=pool, **kw)
+        self.writer = pq.ParquetWriter(self.tmp, schema, memory_pool=pool, **sink_options(schema, self.kw))
         return schema
 
     def __enter__(self):
@@ -283,20 +302,5 @@ def __exit__(self: ParquetSink, *exc):
         raise
     return self._cm.__exit__(*exc)
 
-# %% ../nbs/02_base.ipynb #db571cd7
+# %% ../nbs/02_base.ipynb #468ca74e
 TOKEN_PARQUET = dict(compression="zstd", compression_level=1, use_dictionary=True)  # how token columns are written
-PLAIN_COLUMNS = ("attention_mask", "position_ids")  # ones, counts from 0: plainly encoded as small, written faster
-
-def dictionary_paths(schema, plain=PLAIN_COLUMNS) -> list[str]:
-    "The Parquet paths of the leaf columns of `schema` but those of the fields `plain` (a list's: `name.list.element`)."
-    import pyarrow as pa
-    out, todo = [], [(f.name, f.type) for f in schema if f.name not in plain]
-    while todo:
-        name, t = todo.pop()
-        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-            todo.append((f"{name}.list.element", t.value_type))
-        elif pa.types.is_struct(t): todo += [(f"{name}.{f.name}", f.type) for f in t]
-        elif pa.types.is_map(t): todo += [(f"{name}.key_value.{k}", v) for k, v in (("key", t.key_type),
-                                                                                     ("value", t.item_type))]
-        else: out.append(name)
-    return out

@@ -17,7 +17,7 @@ import bench_floor as B
 from unsloth_prep.base import TOKEN_PARQUET
 
 SETTINGS = {
-    "TOKEN_PARQUET (today)": {**TOKEN_PARQUET, "use_dictionary": "sink"},
+    "TOKEN_PARQUET (today)": {**TOKEN_PARQUET, "sink": True},
     "zstd 1 + dictionary, statistics": dict(compression="zstd", compression_level=1, use_dictionary=True),
     "zstd 1 + dictionary, no statistics": dict(compression="zstd", compression_level=1, use_dictionary=True,
                                                write_statistics=False),
@@ -29,9 +29,9 @@ SETTINGS = {
 WRITE = """import json, os, sys, time, pyarrow.parquet as pq
 src, dst, rows, kw, repeat = sys.argv[1], sys.argv[2], int(sys.argv[3]), json.loads(sys.argv[4]), int(sys.argv[5])
 t = pq.read_table(src).replace_schema_metadata(None)
-if kw.get("use_dictionary") == "sink":                  # what ParquetSink makes of use_dictionary=True
-    from unsloth_prep.base import dictionary_paths
-    kw["use_dictionary"] = dictionary_paths(t.schema)
+if kw.pop("sink", False):                               # what ParquetSink makes of these settings
+    from unsloth_prep.base import sink_options
+    kw = sink_options(t.schema, kw)
 batches = t.to_batches(max_chunksize=rows)
 best = None
 for _ in range(repeat):
