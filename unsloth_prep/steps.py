@@ -51,7 +51,7 @@ _COMMON = dict(
     rejects=dict(help="rejected records as JSON Lines (default: OUT/rejects.jsonl)"),
     batch_size=dict(parse=positive_int, default=BATCH_RECORDS, help="records per batch (memory grows with it)"),
     workers=dict(parse=positive_int, default=1, help="worker processes (Ray actors with --engine ray)"),
-    shards=dict(parse=positive_int, help="pieces of work the input is cut into (default: a few per worker)"),
+    shards=dict(parse=positive_int, help="pieces of work the input is cut into (default: one per worker)"),
     engine=dict(default="local", choices=ENGINES, help="local processes, or Ray Data (RAY_ADDRESS when set)"),
     eval_fraction=dict(parse=fraction, help="share of records for the validation split (by record hash) "
                                                "(default: none, no validation split)"),
